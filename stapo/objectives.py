@@ -1,0 +1,268 @@
+"""The four token-level policy objectives of the STAPO paper, as pure functions of tensors.
+
+Registry (``METHODS``) with the paper's defaults; one entry point, :func:`policy_loss`, that every method
+goes through. No TRL import: the trainer passes TRL's per-token tensors in and backpropagates the loss.
+
+Shapes (B completions, T completion positions, right-padded):
+    logps, old_logps, ref_logps, entropies, completion_mask   [B, T]
+    advantages                                                [B]   one sequence-level advantage
+
+Per-token surrogate (all methods; paper Eq. 1-2), with ratio ρ = exp(logps − old_logps):
+    ℓ_t = −min(ρ_t Â, clip(ρ_t, 1 − ε_low, 1 + ε_high) Â)
+
+    grpo       mean_i [ Σ_t m_it (ℓ_it + β k3_it) / max(1, Σ_t m_it) ]           (paper Eq. 1; DeepSeekMath)
+    justrl     Σ m ℓ / max(1, Σ m)                                              (paper Eq. 2; DAPO token-mean)
+    entropy20  Σ k ℓ / max(1, Σ k),  k = m ∧ H ≥ quantile(H[m], 1 − ρ)           (arXiv 2506.01939 Eq. 6)
+    stapo      Σ k ℓ / max(1, Σ k),  k = m ∧ ¬S2T                               (paper Eq. stapo_loss)
+
+where the S2T ("spurious token") mask silences a token iff Â > 0 ∧ π(y_t) < τ_p ∧ H_t < τ_h, with τ_h the
+q-quantile of the entropies of the candidate tokens {Â > 0, π(y_t) < τ_p}. Silenced and dropped tokens leave
+both the numerator and the denominator.
+
+Quantile scope. The paper takes τ_h (and 20-Entropy its threshold) over "the mini-batch". Here a quantile is
+taken over the tokens of the call — one micro-batch — gathered from every rank when torch.distributed is
+initialised, i.e. the same scope as TRL's ``top_entropy_quantile``. With one micro-batch per optimiser step on
+one process the two scopes coincide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = [
+    "ObjectiveConfig",
+    "METHODS",
+    "get_objective",
+    "policy_loss",
+    "silence_mask",
+    "high_entropy_mask",
+    "quantile",
+]
+
+_METHOD_NAMES = ("grpo", "entropy20", "justrl", "stapo")
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """Hyper-parameters of one policy objective.
+
+    Attributes:
+        method: one of "grpo", "entropy20", "justrl", "stapo".
+        eps_low: lower clip ε_low; the ratio is clipped at 1 − ε_low (paper: 0.2).
+        eps_high: upper clip ε_high; the ratio is clipped at 1 + ε_high (paper: 0.28, GRPO 0.2).
+        kl_beta: weight β of the k3 KL estimator to the reference policy (GRPO only; DeepSeekMath: 0.04).
+        tau_p: STAPO's absolute probability threshold τ_p (paper: 0.002).
+        entropy_quantile: STAPO's q; τ_h is the q-quantile of candidate entropies (paper: 0.75).
+        top_entropy_ratio: 20-Entropy's ρ; the top-ρ fraction of tokens by entropy gets gradient (0.2).
+    """
+
+    method: str
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    kl_beta: float = 0.0
+    tau_p: float = 0.002
+    entropy_quantile: float = 0.75
+    top_entropy_ratio: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.method not in _METHOD_NAMES:
+            raise ValueError(f"method: unknown method {self.method!r}; expected one of {list(_METHOD_NAMES)}")
+        if not 0.0 <= self.eps_low < 1.0:
+            raise ValueError(f"eps_low: must be in [0, 1), got {self.eps_low}")
+        if self.eps_high < 0.0:
+            raise ValueError(f"eps_high: must be >= 0, got {self.eps_high}")
+        if self.kl_beta < 0.0:
+            raise ValueError(f"kl_beta: must be >= 0, got {self.kl_beta}")
+        if not 0.0 < self.tau_p < 1.0:
+            raise ValueError(f"tau_p: must be in (0, 1), got {self.tau_p}")
+        if not 0.0 < self.entropy_quantile < 1.0:
+            raise ValueError(f"entropy_quantile: must be in (0, 1), got {self.entropy_quantile}")
+        if not 0.0 < self.top_entropy_ratio <= 1.0:
+            raise ValueError(f"top_entropy_ratio: must be in (0, 1], got {self.top_entropy_ratio}")
+
+
+METHODS: dict[str, ObjectiveConfig] = {
+    "grpo": ObjectiveConfig("grpo", eps_low=0.2, eps_high=0.2, kl_beta=0.04),
+    "entropy20": ObjectiveConfig("entropy20"),
+    "justrl": ObjectiveConfig("justrl"),
+    "stapo": ObjectiveConfig("stapo"),
+}
+
+
+def get_objective(method: str, **overrides) -> ObjectiveConfig:
+    """The paper's config for ``method``, with keyword overrides (validated)."""
+    if method not in METHODS:
+        raise ValueError(f"method: unknown method {method!r}; expected one of {sorted(METHODS)}")
+    return replace(METHODS[method], **overrides)
+
+
+# --------------------------------------------------------------------------------------------- quantiles
+
+
+def _gather_across_ranks(values: Tensor) -> Tensor:
+    """Concatenate a 1-D tensor of varying length from every rank (identity on a single process)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    n = torch.tensor([values.numel()], device=values.device)
+    sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, n)
+    longest = int(max(s.item() for s in sizes))
+    padded = torch.zeros(longest, dtype=values.dtype, device=values.device)
+    padded[: values.numel()] = values
+    chunks = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(chunks, padded)
+    return torch.cat([c[: int(s.item())] for c, s in zip(chunks, sizes)])
+
+
+def quantile(values: Tensor, q: float) -> Tensor:
+    """``torch.quantile(values, q)`` (linear interpolation) without torch.quantile's 16M-element limit.
+
+    values: [N] (N ≥ 1), any float dtype; computed in fp32.
+    """
+    v = values.detach().float().sort().values
+    pos = q * (v.numel() - 1)
+    lo = int(pos)
+    hi = min(lo + 1, v.numel() - 1)
+    return v[lo] + (pos - lo) * (v[hi] - v[lo])
+
+
+# ----------------------------------------------------------------------------------------------- masks
+
+
+def high_entropy_mask(*, entropies: Tensor, completion_mask: Tensor, ratio: float) -> Tensor:
+    """20-Entropy's kept-token mask: completion tokens whose entropy is in the top ``ratio`` fraction.
+
+    kept = m ∧ (H ≥ quantile(H[m], 1 − ratio)), the quantile over all ranks' completion tokens
+    (TRL ``get_high_entropy_mask`` semantics; ties at the threshold are kept). Returns Bool [B, T], True = kept.
+    """
+    m = completion_mask.bool()
+    pool = _gather_across_ranks(entropies.detach()[m].float())
+    if pool.numel() == 0:
+        return torch.zeros_like(m)
+    threshold = quantile(pool, 1.0 - ratio)
+    return m & (entropies.detach().float() >= threshold)
+
+
+def candidate_mask(*, logps: Tensor, advantages: Tensor, completion_mask: Tensor, tau_p: float) -> Tensor:
+    """S2T candidates: completion tokens of positive-advantage responses with π(y_t) < τ_p. Bool [B, T]."""
+    positive = (advantages > 0).unsqueeze(-1)  # [B, 1]
+    rare = logps.detach().float().exp() < tau_p
+    return completion_mask.bool() & positive & rare
+
+
+def silence_mask(
+    *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor, tau_p: float, q: float
+) -> Tensor:
+    """STAPO's S2T mask (paper Eq. stapo_loss): True = silenced spurious token. Bool [B, T].
+
+    silenced = candidates ∧ (H < τ_h), τ_h = quantile(H[candidates], q) over all ranks' candidates;
+    strict inequality, so a lone candidate (or all-tied candidates) is never silenced, and no candidates means
+    nothing is silenced. Probability and entropy are treated as constants (detached).
+    """
+    cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=completion_mask, tau_p=tau_p)
+    pool = _gather_across_ranks(entropies.detach()[cand].float())
+    if pool.numel() == 0:
+        return torch.zeros_like(cand)
+    tau_h = quantile(pool, q)
+    return cand & (entropies.detach().float() < tau_h)
+
+
+# ------------------------------------------------------------------------------------------------ loss
+
+
+def _clipped_surrogate(cfg: ObjectiveConfig, logps: Tensor, old_logps: Tensor, advantages: Tensor):
+    """Per-token ℓ = −min(ρÂ, clip(ρ)Â) [B, T] and the ratio ρ [B, T], in fp32."""
+    ratio = torch.exp(logps.float() - old_logps.float())
+    adv = advantages.float().unsqueeze(-1)
+    clipped = torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    return -torch.minimum(ratio * adv, clipped * adv), ratio
+
+
+def _kept_tokens(cfg, m, logps, entropies, advantages) -> tuple[Tensor, Tensor]:
+    """(kept [B, T], silenced [B, T]) for the configured method."""
+    none = torch.zeros_like(m)
+    if cfg.method == "entropy20":
+        return high_entropy_mask(entropies=entropies, completion_mask=m, ratio=cfg.top_entropy_ratio), none
+    if cfg.method == "stapo":
+        silenced = silence_mask(
+            logps=logps, entropies=entropies, advantages=advantages, completion_mask=m,
+            tau_p=cfg.tau_p, q=cfg.entropy_quantile,
+        )
+        return m & ~silenced, silenced
+    return m, none
+
+
+def policy_loss(
+    cfg: ObjectiveConfig,
+    *,
+    logps: Tensor,
+    old_logps: Tensor,
+    advantages: Tensor,
+    entropies: Tensor,
+    completion_mask: Tensor,
+    ref_logps: Tensor | None = None,
+    token_normalizer: Tensor | float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Loss of one micro-batch for ``cfg.method`` and its metrics (see the module docstring for the equations).
+
+    token_normalizer: for the token-mean methods, replaces the local denominator max(1, Σ kept) — the trainer
+        passes the number of KEPT tokens of the whole gradient-accumulation step. Not defined for grpo (whose
+        normaliser is per sequence): passing it raises.
+    Returns a scalar fp32 loss (finite zero with a grad_fn on an all-masked or empty batch) and float metrics:
+    entropy_mean (over all completion tokens, whatever the method), candidate/silenced/kept_fraction (of
+    completion tokens), clip_fraction_low/high and clip_fraction, ratio_mean, kl_mean.
+    """
+    m = completion_mask.bool()
+    # Padding may hold anything (even NaN): zero it through where(), whose backward sends exactly 0 there.
+    logps, old_logps, entropies = (torch.where(m, t, torch.zeros_like(t)) for t in (logps, old_logps, entropies))
+    if ref_logps is not None:
+        ref_logps = torch.where(m, ref_logps, torch.zeros_like(ref_logps))
+    per_token, ratio = _clipped_surrogate(cfg, logps, old_logps, advantages)
+    kept, silenced = _kept_tokens(cfg, m, logps, entropies, advantages)
+
+    kl = None
+    if cfg.kl_beta > 0 or ref_logps is not None:
+        if ref_logps is None:
+            raise ValueError(f"kl_beta={cfg.kl_beta} > 0 needs ref_logps (the reference policy's log-probs)")
+        delta = ref_logps.float() - logps.float()
+        kl = torch.exp(delta) - delta - 1.0  # k3 estimator of KL(π_θ ‖ π_ref), ≥ 0
+        if cfg.kl_beta > 0:
+            per_token = per_token + cfg.kl_beta * kl
+
+    # where(), not multiplication: a masked position's value never reaches the loss or its gradient.
+    masked = torch.where(kept, per_token, torch.zeros_like(per_token))
+    if cfg.method == "grpo":
+        if token_normalizer is not None:
+            raise ValueError("token_normalizer is not defined for grpo (sequence-mean of token-means)")
+        per_seq = masked.sum(-1) / kept.sum(-1).clamp(min=1)
+        loss = per_seq.sum() / max(1, per_seq.numel())
+    else:
+        denom = kept.sum().clamp(min=1) if token_normalizer is None else token_normalizer
+        loss = masked.sum() / denom
+
+    metrics = _metrics(cfg, m, kept, silenced, ratio, entropies, logps, advantages, kl)
+    return loss, metrics
+
+
+def _metrics(cfg, m, kept, silenced, ratio, entropies, logps, advantages, kl) -> dict[str, float]:
+    with torch.no_grad():
+        n = max(1, int(m.sum()))
+        adv = advantages.float().unsqueeze(-1)
+        low = m & (ratio < 1.0 - cfg.eps_low) & (adv < 0)
+        high = m & (ratio > 1.0 + cfg.eps_high) & (adv > 0)
+        cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=m, tau_p=cfg.tau_p)
+        return {
+            "entropy_mean": float(torch.where(m, entropies.float(), 0.0).sum() / n),
+            "candidate_fraction": float(cand.sum()) / n,
+            "silenced_fraction": float(silenced.sum()) / n,
+            "kept_fraction": float(kept.sum()) / n,
+            "clip_fraction_low": float(low.sum()) / n,
+            "clip_fraction_high": float(high.sum()) / n,
+            "clip_fraction": float((low | high).sum()) / n,
+            "ratio_mean": float(torch.where(m, ratio, 0.0).sum() / n),
+            "kl_mean": 0.0 if kl is None else float(torch.where(m, kl, 0.0).sum() / n),
+        }

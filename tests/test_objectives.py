@@ -1,0 +1,423 @@
+"""The four objectives against hand-computed values, masks against their definitions, gradients against masks."""
+
+import math
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from stapo.objectives import (
+    METHODS,
+    ObjectiveConfig,
+    get_objective,
+    high_entropy_mask,
+    policy_loss,
+    quantile,
+    silence_mask,
+)
+
+
+def _inputs(logps, advantages, mask, entropies=None, old_logps=None):
+    logps = torch.tensor(logps, dtype=torch.float32, requires_grad=True)
+    old = logps.detach().clone() if old_logps is None else torch.tensor(old_logps, dtype=torch.float32)
+    ent = torch.ones_like(old) if entropies is None else torch.tensor(entropies, dtype=torch.float32)
+    return dict(
+        logps=logps,
+        old_logps=old,
+        advantages=torch.tensor(advantages, dtype=torch.float32),
+        entropies=ent,
+        completion_mask=torch.tensor(mask),
+    )
+
+
+# ------------------------------------------------------------------------------------------- registry
+
+
+def test_registry_has_paper_defaults():
+    assert set(METHODS) == {"grpo", "entropy20", "justrl", "stapo"}
+    g = METHODS["grpo"]
+    assert (g.eps_low, g.eps_high, g.kl_beta) == (0.2, 0.2, 0.04)
+    for name in ("justrl", "entropy20", "stapo"):
+        c = METHODS[name]
+        assert (c.eps_low, c.eps_high, c.kl_beta) == (0.2, 0.28, 0.0)
+    s = METHODS["stapo"]
+    assert (s.tau_p, s.entropy_quantile) == (0.002, 0.75)
+    assert METHODS["entropy20"].top_entropy_ratio == 0.2
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        (dict(method="ppo"), "method"),
+        (dict(method="stapo", tau_p=0.0), "tau_p"),
+        (dict(method="stapo", tau_p=1.5), "tau_p"),
+        (dict(method="stapo", entropy_quantile=1.0), "entropy_quantile"),
+        (dict(method="entropy20", top_entropy_ratio=0.0), "top_entropy_ratio"),
+        (dict(method="grpo", kl_beta=-1.0), "kl_beta"),
+    ],
+)
+def test_config_validation_names_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=key):
+        ObjectiveConfig(**kwargs)
+
+
+def test_get_objective_overrides():
+    cfg = get_objective("stapo", tau_p=0.01)
+    assert cfg.tau_p == 0.01 and cfg.eps_high == 0.28
+    with pytest.raises(ValueError, match="unknown method"):
+        get_objective("dapo")
+
+
+# ------------------------------------------------------------------------------------ hand-computed losses
+
+
+def test_justrl_token_mean_ratio_one():
+    # ratio 1 → ℓ = −Â per token; tokens: seq0 two (Â=+1), seq1 one (Â=−1): (−1 −1 +1) / 3.
+    x = _inputs([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]], [1.0, -1.0], [[1, 1, 0], [1, 0, 0]])
+    loss, metrics = policy_loss(METHODS["justrl"], **x)
+    assert loss.item() == pytest.approx(-1.0 / 3.0)
+    assert metrics["kept_fraction"] == 1.0 and metrics["silenced_fraction"] == 0.0
+    assert metrics["ratio_mean"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "ratio, adv, expected",
+    [
+        (1.5, 1.0, -1.28),  # upper clip binds for Â > 0 (ε_high = 0.28)
+        (0.5, 1.0, -0.5),  # no clip: min picks the unclipped 0.5
+        (0.5, -1.0, 0.8),  # lower clip binds for Â < 0 (ε_low = 0.2)
+        (1.5, -1.0, 1.5),  # min picks the unclipped −1.5
+        (1.1, 2.0, -2.2),  # inside the trust region
+    ],
+)
+def test_clipped_surrogate_single_token(ratio, adv, expected):
+    x = _inputs([[math.log(ratio)]], [adv], [[1]], old_logps=[[0.0]])
+    loss, _ = policy_loss(METHODS["justrl"], **x)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_clip_fractions():
+    # ratios 1.5 (Â>0: high clip), 0.5 (Â<0: low clip), 1.0, 1.0
+    x = _inputs(
+        [[math.log(1.5), 0.0], [math.log(0.5), 0.0]], [1.0, -1.0], [[1, 1], [1, 1]], old_logps=[[0.0, 0.0], [0.0, 0.0]]
+    )
+    _, m = policy_loss(METHODS["justrl"], **x)
+    assert m["clip_fraction_high"] == 0.25 and m["clip_fraction_low"] == 0.25 and m["clip_fraction"] == 0.5
+    assert m["ratio_mean"] == pytest.approx((1.5 + 0.5 + 2.0) / 4)
+
+
+def test_grpo_sequence_mean_of_token_means():
+    x = _inputs([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]], [1.0, -1.0], [[1, 1, 0], [1, 0, 0]])
+    cfg = get_objective("grpo", kl_beta=0.0)
+    loss, _ = policy_loss(cfg, **x)
+    assert loss.item() == pytest.approx(((-1 - 1) / 2 + 1 / 1) / 2)  # 0, unlike justrl's −1/3
+
+
+def test_grpo_kl_term():
+    logps = [[-1.0, -2.0], [-0.5, -0.5]]
+    ref = torch.tensor([[-1.5, -2.0], [-0.5, 0.0]])
+    x = _inputs(logps, [0.0, 0.0], [[1, 1], [1, 0]])  # Â = 0: only the KL term remains
+    loss, m = policy_loss(METHODS["grpo"], ref_logps=ref, **x)
+    k3 = lambda d: math.exp(d) - d - 1
+    seq0 = (k3(-0.5) + k3(0.0)) / 2
+    seq1 = k3(0.0)
+    assert loss.item() == pytest.approx(0.04 * (seq0 + seq1) / 2, rel=1e-6)
+    assert m["kl_mean"] == pytest.approx((k3(-0.5) + 0 + 0) / 3, rel=1e-6)
+
+
+def test_grpo_kl_without_reference_is_an_error():
+    x = _inputs([[-1.0]], [1.0], [[1]])
+    with pytest.raises(ValueError, match="ref_logps"):
+        policy_loss(METHODS["grpo"], **x)
+
+
+def test_grpo_rejects_token_normalizer():
+    x = _inputs([[-1.0]], [1.0], [[1]])
+    with pytest.raises(ValueError, match="token_normalizer"):
+        policy_loss(get_objective("grpo", kl_beta=0.0), token_normalizer=4, **x)
+
+
+def test_entropy20_keeps_top_fifth():
+    ent = [[0.1 * (i + 1) for i in range(10)]]  # 0.1 … 1.0; quantile(0.8) = 0.8 + 0.2·0.1 = 0.82
+    adv = [1.0]
+    x = _inputs([[-1.0] * 10], adv, [[1] * 10], entropies=ent)
+    loss, m = policy_loss(METHODS["entropy20"], **x)
+    assert m["kept_fraction"] == pytest.approx(0.2)
+    assert loss.item() == pytest.approx(-1.0)  # mean over the 2 kept tokens of −Â
+    loss.backward()
+    g = x["logps"].grad[0]
+    assert torch.all(g[:8] == 0) and torch.all(g[8:] != 0)
+
+
+def test_stapo_hand_computed():
+    # One positive response: 5 rare candidates (p = e^-8 ≈ 3.4e-4 < 0.002) with H 0.1…0.5, 3 common tokens.
+    # τ_h = quantile([.1,.2,.3,.4,.5], .75) = 0.4 → 3 silenced; 5 tokens kept. A negative response: 2 rare tokens,
+    # never candidates.
+    rare, common = -8.0, -0.1
+    logps = [[rare] * 5 + [common] * 3, [rare, rare] + [common] * 6]
+    ent = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.05, 0.05, 0.05], [0.01] * 8]
+    adv = [1.0, -0.5]
+    x = _inputs(logps, adv, [[1] * 8, [1] * 8], entropies=ent)
+    loss, m = policy_loss(METHODS["stapo"], **x)
+    # kept: 5 tokens of response 0 (ℓ = −1 each), 8 of response 1 (ℓ = +0.5 each): (−5 + 4) / 13
+    assert loss.item() == pytest.approx((-5 + 4) / 13)
+    assert m["silenced_fraction"] == pytest.approx(3 / 16)
+    assert m["candidate_fraction"] == pytest.approx(5 / 16)
+    assert m["kept_fraction"] == pytest.approx(13 / 16)
+    loss.backward()
+    g = x["logps"].grad
+    assert torch.all(g[0, :3] == 0)
+    assert torch.all(g[0, 3:] != 0) and torch.all(g[1] != 0)
+
+
+def test_stapo_denominator_excludes_silenced_tokens():
+    torch.manual_seed(0)
+    x = _random_batch(B=6, T=40, rare_fraction=0.3)
+    loss_s, m = policy_loss(METHODS["stapo"], **x)
+    sil = silence_mask(
+        logps=x["logps"], entropies=x["entropies"], advantages=x["advantages"],
+        completion_mask=x["completion_mask"], tau_p=0.002, q=0.75,
+    )
+    assert sil.sum() > 0
+    kept = x["completion_mask"].bool() & ~sil
+    ratio = torch.exp(x["logps"] - x["old_logps"])
+    adv = x["advantages"].unsqueeze(-1)
+    ell = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.28) * adv)
+    expected = ell[kept].sum() / kept.sum()
+    assert loss_s.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert loss_s.item() != pytest.approx((ell[x["completion_mask"].bool()].sum() / kept.sum()).item())
+
+
+def _random_batch(B, T, rare_fraction=0.2, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.rand(B, T, generator=g) * 0.9 + 0.05
+    rare = torch.rand(B, T, generator=g) < rare_fraction
+    probs = torch.where(rare, torch.rand(B, T, generator=g) * 0.002, probs)
+    logps = probs.log()
+    old = logps + 0.2 * torch.randn(B, T, generator=g)
+    ent = torch.rand(B, T, generator=g) * 3
+    lengths = torch.randint(T // 2, T + 1, (B,), generator=g)
+    mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).int()
+    adv = torch.randn(B, generator=g)
+    adv[0], adv[1] = 1.0, -1.0  # at least one of each sign
+    return dict(
+        logps=logps.to(dtype).requires_grad_(True), old_logps=old.to(dtype), advantages=adv.to(dtype),
+        entropies=ent.to(dtype), completion_mask=mask,
+    )
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_masked_tokens_get_exactly_zero_gradient(method):
+    x = _random_batch(B=5, T=30, rare_fraction=0.3, seed=1)
+    ref = x["logps"].detach() + 0.1
+    loss, _ = policy_loss(METHODS[method], ref_logps=ref if method == "grpo" else None, **x)
+    loss.backward()
+    g = x["logps"].grad
+    m = x["completion_mask"].bool()
+    assert torch.all(g[~m] == 0)
+    if method == "stapo":
+        sil = silence_mask(logps=x["logps"], entropies=x["entropies"], advantages=x["advantages"],
+                           completion_mask=m, tau_p=0.002, q=0.75)
+        assert sil.any() and torch.all(g[sil] == 0)
+    if method == "entropy20":
+        kept = high_entropy_mask(entropies=x["entropies"], completion_mask=m, ratio=0.2)
+        assert torch.all(g[m & ~kept] == 0)
+        ratio = torch.exp(x["logps"] - x["old_logps"]).detach()
+        in_region = (ratio > 0.8) & (ratio < 1.28)  # outside it, the clipped branch has zero gradient
+        assert torch.all(g[kept & in_region] != 0) and (kept & in_region).sum() > 5
+
+
+def test_nan_in_padding_does_not_leak():
+    x = _random_batch(B=2, T=6, seed=3)
+    with torch.no_grad():
+        x["logps"][:, -1] = float("nan")
+        x["entropies"][:, -1] = float("nan")
+    x["completion_mask"][:, -1] = 0
+    for method in ("justrl", "stapo", "entropy20"):
+        x["logps"].grad = None
+        loss, m = policy_loss(METHODS[method], **x)
+        loss.backward()
+        assert torch.isfinite(loss) and math.isfinite(m["entropy_mean"])
+        assert torch.all(x["logps"].grad[:, -1] == 0)
+
+
+# ------------------------------------------------------------------------------------------ edge cases
+
+
+def test_no_candidates_means_nothing_silenced():
+    x = _inputs([[-0.1, -0.2], [-0.1, -0.3]], [1.0, -1.0], [[1, 1], [1, 1]])
+    loss_s, m = policy_loss(METHODS["stapo"], **x)
+    loss_j, _ = policy_loss(METHODS["justrl"], **x)
+    assert m["candidate_fraction"] == 0 and m["silenced_fraction"] == 0
+    assert loss_s.item() == loss_j.item()
+
+
+def test_single_candidate_is_not_silenced():
+    x = _inputs([[-9.0, -0.1]], [1.0], [[1, 1]], entropies=[[0.01, 2.0]])
+    _, m = policy_loss(METHODS["stapo"], **x)
+    assert m["candidate_fraction"] == 0.5 and m["silenced_fraction"] == 0.0
+
+
+def test_ties_at_the_quantile():
+    # All candidates share one entropy: τ_h equals it and H < τ_h is false for all → none silenced.
+    x = _inputs([[-9.0] * 6], [1.0], [[1] * 6], entropies=[[0.3] * 6])
+    _, m = policy_loss(METHODS["stapo"], **x)
+    assert m["candidate_fraction"] == 1.0 and m["silenced_fraction"] == 0.0
+    # 20-Entropy keeps every tied token (≥).
+    _, m = policy_loss(METHODS["entropy20"], **x)
+    assert m["kept_fraction"] == 1.0
+
+
+def test_all_tokens_silenced_gives_finite_zero_loss(monkeypatch):
+    # Within one process the highest-entropy candidate always survives (H < τ_h is strict), so every token of a
+    # rank can be silenced only when other ranks contribute higher-entropy candidates: simulate that gather.
+    import stapo.objectives as obj
+
+    monkeypatch.setattr(obj, "_gather_across_ranks", lambda v: torch.cat([v, torch.full((20,), 5.0)]))
+    x = _inputs([[-9.0, -9.0, -9.0, -0.1]], [1.0], [[1, 1, 1, 0]], entropies=[[0.1, 0.2, 0.3, 0.0]])
+    loss, m = policy_loss(METHODS["stapo"], **x)
+    assert m["silenced_fraction"] == 1.0 and m["kept_fraction"] == 0.0
+    assert loss.item() == 0.0 and loss.grad_fn is not None
+    loss.backward()
+    assert torch.all(x["logps"].grad == 0)
+
+
+def test_all_masked_and_empty_batches():
+    for B, T in ((2, 3), (0, 4), (3, 0)):
+        x = _random_batch(B=max(B, 2), T=max(T, 2))
+        x = {k: (v[:B, :T] if v.dim() == 2 else v[:B]) for k, v in x.items()}
+        x["logps"] = x["logps"].detach().requires_grad_(True)
+        x["completion_mask"] = torch.zeros_like(x["completion_mask"])
+        for method, cfg in METHODS.items():
+            ref = x["logps"].detach() if method == "grpo" else None
+            loss, m = policy_loss(cfg, ref_logps=ref, **x)
+            assert loss.item() == 0.0 and loss.grad_fn is not None, (method, B, T)
+            loss.backward()
+            assert m["kept_fraction"] == 0.0
+
+
+def test_batch_of_one():
+    x = _random_batch(B=2, T=50, rare_fraction=0.5, seed=4)
+    x = {k: v[:1] for k, v in x.items()}
+    x["logps"] = x["logps"].detach().requires_grad_(True)
+    for cfg in METHODS.values():
+        loss, _ = policy_loss(cfg, ref_logps=x["logps"].detach(), **x)
+        assert torch.isfinite(loss)
+
+
+def test_bf16_inputs():
+    x = _random_batch(B=4, T=20, rare_fraction=0.3, seed=5, dtype=torch.bfloat16)
+    for method, cfg in METHODS.items():
+        x["logps"].grad = None
+        loss, m = policy_loss(cfg, ref_logps=x["logps"].detach() if method == "grpo" else None, **x)
+        loss.backward()
+        assert loss.dtype == torch.float32 and torch.isfinite(loss)
+        assert x["logps"].grad.dtype == torch.bfloat16 and torch.isfinite(x["logps"].grad.float()).all()
+
+
+def test_token_normalizer_splits_a_step_into_micro_batches():
+    # Two micro-batches normalised by the step's kept-token count sum to the loss of the joint batch (justrl).
+    x = _random_batch(B=6, T=25, seed=6)
+    full, _ = policy_loss(METHODS["justrl"], **x)
+    n_kept = x["completion_mask"].sum()
+    parts = []
+    for sl in (slice(0, 2), slice(2, 6)):
+        part = {k: v[sl] for k, v in x.items()}
+        parts.append(policy_loss(METHODS["justrl"], token_normalizer=n_kept, **part)[0])
+    assert (parts[0] + parts[1]).item() == pytest.approx(full.item(), rel=1e-6)
+    # stapo: the normaliser replaces Σ kept
+    loss, m = policy_loss(METHODS["stapo"], **x)
+    loss7, _ = policy_loss(METHODS["stapo"], token_normalizer=7.0, **x)
+    n_kept_stapo = round(m["kept_fraction"] * float(x["completion_mask"].sum()))
+    assert loss7.item() * 7.0 == pytest.approx(loss.item() * n_kept_stapo, rel=1e-5)
+
+
+def test_entropy_mean_is_over_all_completion_tokens():
+    x = _random_batch(B=3, T=10, seed=7)
+    m = x["completion_mask"].bool()
+    expected = x["entropies"][m].mean().item()
+    for cfg in METHODS.values():
+        _, metrics = policy_loss(cfg, ref_logps=x["logps"].detach(), **x)
+        assert metrics["entropy_mean"] == pytest.approx(expected, rel=1e-6)
+
+
+# --------------------------------------------------------------------------------- masks vs definitions
+
+
+def test_quantile_matches_torch():
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 7, 100):
+        v = torch.rand(n, generator=g)
+        for q in (0.0, 0.2, 0.75, 0.8, 1.0):
+            assert quantile(v, q).item() == pytest.approx(torch.quantile(v, q).item(), abs=1e-7)
+
+
+def _trl_high_entropy_mask(entropies, mask, threshold):
+    """TRL 1.16 GRPOTrainer.get_high_entropy_mask, called unbound with a stub accelerator (single process)."""
+    from types import SimpleNamespace
+
+    from trl import GRPOTrainer
+
+    stub = SimpleNamespace(accelerator=SimpleNamespace(
+        gather=lambda t: t, pad_across_processes=lambda t, **kw: t, num_processes=1))
+    return GRPOTrainer.get_high_entropy_mask(stub, entropies, mask, threshold)
+
+
+def test_high_entropy_mask_equals_trl():
+    g = torch.Generator().manual_seed(0)
+    for seed in range(5):
+        ent = torch.rand(4, 33, generator=g) * 2
+        mask = (torch.rand(4, 33, generator=g) > 0.2).int()
+        ours = high_entropy_mask(entropies=ent, completion_mask=mask, ratio=0.2)
+        theirs = _trl_high_entropy_mask(ent, mask, 1 - 0.2)  # TRL passes 1 - top_entropy_quantile
+        assert torch.equal(ours, theirs.bool() & mask.bool()), seed
+
+
+def test_silence_mask_definition_random():
+    x = _random_batch(B=8, T=64, rare_fraction=0.25, seed=9)
+    m = x["completion_mask"].bool()
+    sil = silence_mask(logps=x["logps"], entropies=x["entropies"], advantages=x["advantages"],
+                       completion_mask=m, tau_p=0.002, q=0.75)
+    cand = m & (x["advantages"] > 0).unsqueeze(-1) & (x["logps"].detach().exp() < 0.002)
+    tau_h = torch.quantile(x["entropies"][cand], 0.75)
+    assert torch.equal(sil, cand & (x["entropies"] < tau_h))
+    # about a quarter of candidates fall under their 0.75-quantile… minus the strictness
+    assert 0.70 <= sil.sum().item() / cand.sum().item() <= 0.76
+
+
+# ----------------------------------------------------------------------------------------- distributed
+
+
+def _dist_worker(rank, world, port, path):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    x = _random_batch(B=8, T=40, rare_fraction=0.3, seed=11)
+    local = {k: v[rank * 4 : (rank + 1) * 4] for k, v in x.items()}
+    sil = silence_mask(logps=local["logps"], entropies=local["entropies"], advantages=local["advantages"],
+                       completion_mask=local["completion_mask"], tau_p=0.002, q=0.75)
+    kept = high_entropy_mask(entropies=local["entropies"], completion_mask=local["completion_mask"], ratio=0.2)
+    torch.save({"sil": sil, "kept": kept}, f"{path}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_quantiles_are_global_under_distributed(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_dist_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    parts = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    x = _random_batch(B=8, T=40, rare_fraction=0.3, seed=11)
+    sil = silence_mask(logps=x["logps"], entropies=x["entropies"], advantages=x["advantages"],
+                       completion_mask=x["completion_mask"], tau_p=0.002, q=0.75)
+    kept = high_entropy_mask(entropies=x["entropies"], completion_mask=x["completion_mask"], ratio=0.2)
+    assert torch.equal(torch.cat([p["sil"] for p in parts]), sil)
+    assert torch.equal(torch.cat([p["kept"] for p in parts]), kept)
+    # and the per-rank local quantile would differ: the test can tell the two scopes apart
+    local = silence_mask(logps=x["logps"][:4], entropies=x["entropies"][:4], advantages=x["advantages"][:4],
+                         completion_mask=x["completion_mask"][:4], tau_p=0.002, q=0.75)
+    local_k = high_entropy_mask(entropies=x["entropies"][:4], completion_mask=x["completion_mask"][:4], ratio=0.2)
+    assert not (torch.equal(local, sil[:4]) and torch.equal(local_k, kept[:4]))
