@@ -1,0 +1,51 @@
+"""Atomic outputs: a killed job leaves either the old file or the new one, never half of one.
+
+Every file the harness writes goes through here (temporary file in the same directory + fsync + rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["atomic_write", "atomic_write_json", "atomic_dir"]
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (parents created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w", **({} if isinstance(data, bytes) else {"encoding": "utf-8"})) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | os.PathLike, obj, **kw) -> Path:
+    return atomic_write(path, json.dumps(obj, indent=kw.pop("indent", 2), sort_keys=kw.pop("sort_keys", False), **kw) + "\n")
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike):
+    """Yield a temporary sibling directory; on success it replaces ``path`` (which must not be half-written)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
