@@ -1,0 +1,167 @@
+"""Rule-based rewards for RL on math: the paper's DAPO verifier and a math-verify alternative.
+
+    dapo_strict   the paper's reward (DAPO verifier, verl ``math_dapo``): the last \\boxed{...} inside the LAST 300
+                  characters of the completion, compared as a string with the gold answer after light
+                  normalisation; +1 correct, −1 otherwise (no box, or the box lies before the last 300 characters).
+    math_verify   math-verify's symbolic equivalence of the last boxed (or otherwise parsed) answer; +1 / −1 by
+                  default, or 1 / 0 (``incorrect=0.0``).
+
+Both are TRL reward functions: ``f(prompts, completions, answer, **kwargs) -> list[float]``, where ``answer`` is the
+dataset column with the gold answers (TRL passes every extra dataset column as a keyword list).
+
+math-verify's timeouts use SIGALRM, which only works in the main thread of a process. ``math_verify`` therefore
+grades in the calling thread when that is the main thread, and otherwise in a single-worker process pool (whose
+worker runs grading in its own main thread), so it is safe inside TRL's reward plumbing, Snakemake ``run:`` blocks
+or any thread pool.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from concurrent.futures import ProcessPoolExecutor
+
+__all__ = ["last_boxed", "normalize_answer", "dapo_strict", "math_verify", "REWARDS", "get_reward"]
+
+DAPO_TAIL_CHARS = 300  # verl math_dapo: "The longest answer in MATH-500 has 159 characters"
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+
+def _braced(text: str, open_at: int) -> str | None:
+    """Content of the brace group opening at ``text[open_at] == '{'`` (nested braces), or None if unclosed."""
+    depth = 0
+    for i in range(open_at, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[open_at + 1 : i]
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed ...`` in ``text``, or None.
+
+    Nested braces are matched (``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1}{2}``); the space form ``\\boxed 5`` takes
+    the characters up to the next ``$`` or whitespace (verl/MATH ``last_boxed_only_string`` semantics). An
+    unclosed last box gives None.
+    """
+    if not text:
+        return None
+    starts = [(text.rfind(cmd), cmd) for cmd in _BOX_COMMANDS]
+    start, cmd = max(starts)
+    if start < 0:
+        return None
+    rest = start + len(cmd)
+    if text.startswith(" ", rest) and not text[rest:].lstrip(" ").startswith("{"):
+        match = re.match(r" +([^\s$]+)", text[rest:])
+        return match.group(1) if match else None
+    brace = rest + (len(text[rest:]) - len(text[rest:].lstrip(" ")))
+    if brace >= len(text) or text[brace] != "{":
+        return None
+    return _braced(text, brace)
+
+
+_TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
+
+
+def normalize_answer(answer: str) -> str:
+    """Light normalisation before the exact string match (DAPO verifier spirit, not symbolic).
+
+    Strips surrounding whitespace and ``$``, ``\\left``/``\\right``, ``\\text{}``-style wrappers, ``\\!``/``\\,``
+    spacing, all spaces, a trailing period, ``dfrac``/``tfrac`` -> ``frac``, and thousands separators in plain
+    integers ("1,000" -> "1000").
+    """
+    s = answer.strip().strip("$").strip()
+    s = _TEXT_WRAPPERS.sub(r"\1", s)
+    for old, new in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("\\,", ""), ("\\;", ""), ("\\dfrac", "\\frac"),
+                     ("\\tfrac", "\\frac"), ("^\\circ", ""), ("^{\\circ}", "")):
+        s = s.replace(old, new)
+    s = re.sub(r"\s+", "", s).rstrip(".")
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+", s):
+        s = s.replace(",", "")
+    return s
+
+
+def _completion_text(completion) -> str:
+    """TRL passes strings (standard format) or a list of messages (conversational format)."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
+
+
+def dapo_strict_score(completion: str, gold: str) -> float:
+    """+1 if the last box in the last 300 characters matches ``gold`` after normalisation, else −1."""
+    boxed = last_boxed(completion[-DAPO_TAIL_CHARS:])
+    if boxed is None:
+        return -1.0
+    return 1.0 if normalize_answer(boxed) == normalize_answer(str(gold)) else -1.0
+
+
+def dapo_strict(prompts=None, completions=None, answer=None, **kwargs) -> list[float]:
+    """The paper's reward (TRL reward-function signature); ``answer`` is the gold-answer column."""
+    if answer is None:
+        raise ValueError("dapo_strict: the dataset has no 'answer' column")
+    return [dapo_strict_score(_completion_text(c), a) for c, a in zip(completions, answer)]
+
+
+# ------------------------------------------------------------------------------------------- math-verify
+
+_POOL: ProcessPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _math_verify_correct(completion: str, gold: str, timeout_s: int = 5) -> bool:
+    """math-verify equivalence of the completion's answer and ``gold``; any error or timeout counts as wrong."""
+    from math_verify import parse, verify
+
+    try:
+        boxed = last_boxed(completion)
+        target = parse("$" + boxed + "$" if boxed is not None else completion, parsing_timeout=timeout_s)
+        gold_parsed = parse("$" + str(gold) + "$", parsing_timeout=timeout_s)
+        return bool(target) and bool(gold_parsed) and bool(verify(gold_parsed, target, timeout_seconds=timeout_s))
+    except Exception:  # math-verify raises on timeouts and exotic LaTeX: both are "not verified"
+        return False
+
+
+def _grade_batch(pairs: list[tuple[str, str]], timeout_s: int) -> list[bool]:
+    return [_math_verify_correct(c, g, timeout_s) for c, g in pairs]
+
+
+def _pool() -> ProcessPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            import multiprocessing as mp
+
+            _POOL = ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
+        return _POOL
+
+
+def math_verify(prompts=None, completions=None, answer=None, *, correct: float = 1.0, incorrect: float = -1.0,
+                timeout_s: int = 5, **kwargs) -> list[float]:
+    """math-verify reward: ``correct`` / ``incorrect`` per completion; thread-safe (see the module docstring)."""
+    if answer is None:
+        raise ValueError("math_verify: the dataset has no 'answer' column")
+    pairs = [(_completion_text(c), str(a)) for c, a in zip(completions, answer)]
+    if threading.current_thread() is threading.main_thread():
+        verdicts = _grade_batch(pairs, timeout_s)
+    else:
+        verdicts = _pool().submit(_grade_batch, pairs, timeout_s).result()
+    return [correct if ok else incorrect for ok in verdicts]
+
+
+def math_verify_01(prompts=None, completions=None, answer=None, **kwargs) -> list[float]:
+    """math-verify reward with 1 / 0 values."""
+    return math_verify(prompts, completions, answer, correct=1.0, incorrect=0.0, **kwargs)
+
+
+REWARDS = {"dapo_strict": dapo_strict, "math_verify": math_verify, "math_verify_01": math_verify_01}
+
+
+def get_reward(name: str):
+    """The reward function registered as ``name`` (recipe key ``train.reward``), named for TRL's logs."""
+    if name not in REWARDS:
+        raise ValueError(f"train.reward: unknown reward {name!r}; expected one of {sorted(REWARDS)}")
+    return REWARDS[name]
