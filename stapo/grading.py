@@ -1,0 +1,220 @@
+"""Rule-based grading of model completions against gold answers (math-verify), in a pool of worker processes.
+
+``grade(completions, golds)`` returns one :class:`Grade` per pair:
+
+1. The completion is bounded to its last ``MAX_COMPLETION_CHARS`` characters (the answer is at the end; a 1 MB
+   completion must not cost a 1 MB parse).
+2. The answer is the content of the last ``\\boxed{...}`` (nested braces; ``stapo.rewards.last_boxed``, the same
+   extraction as the training reward); without a box, math-verify's own LaTeX extraction looks for one.
+3. math-verify (LaTeX extraction only) parses prediction and gold and checks symbolic equivalence.
+
+Model output is text, never code: we never eval/exec/sympify it, and math-verify's ``ExprExtractionConfig`` (which
+calls ``sympy.parse_expr``, an ``eval``) is deliberately not used. Each answer runs in a worker process under a hard
+wall-clock deadline enforced by the parent: a worker that overruns (sympy stuck in C on ``9^{9^{9^{9}}}``) is
+killed and replaced, its answer gets ``status="timeout"``, and the batch continues. Workers also run under an
+address-space limit, so a runaway big-integer power fails with MemoryError instead of swapping the machine.
+
+The parent uses no signals, so ``grade`` works from any thread (Snakemake ``run:`` blocks, thread pools).
+Workers come from a ``forkserver`` that preloads math-verify once: a replacement worker starts in milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import wait
+
+from stapo.rewards import last_boxed, normalize_answer
+
+__all__ = ["Grade", "grade", "grade_one", "extract_answer", "MAX_COMPLETION_CHARS", "STATUSES"]
+
+MAX_COMPLETION_CHARS = 4096  # only the tail of a completion is parsed
+WORKER_MEMORY_BYTES = 3 << 30  # RLIMIT_AS per worker
+STATUSES = ("ok", "timeout", "unparsable", "error")
+
+
+@dataclass(frozen=True)
+class Grade:
+    """Verdict for one completion.
+
+    correct:   math-verify says the extracted answer equals the gold answer.
+    extracted: the answer text that was graded (last \\boxed{} content, or math-verify's match), None if none.
+    status:    "ok" (graded), "timeout" (killed at the deadline), "unparsable" (no answer found / not parsable),
+               "error" (the worker crashed, e.g. out of memory).
+    """
+
+    correct: bool
+    extracted: str | None
+    status: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def extract_answer(completion: str) -> str | None:
+    """The last ``\\boxed{...}`` content in the bounded tail of ``completion`` (None if there is no box)."""
+    return last_boxed(completion[-MAX_COMPLETION_CHARS:])
+
+
+def _parse_latex(text: str, seconds: int):
+    from math_verify import LatexExtractionConfig, parse
+
+    return parse(text, extraction_config=[LatexExtractionConfig(boxed_match_priority=0)], parsing_timeout=seconds)
+
+
+def grade_one(completion: str, gold: str, timeout: float = 5.0) -> Grade:
+    """Grade one completion in THIS process (math-verify's SIGALRM timeouts: call from a main thread).
+
+    This is what a worker runs; ``grade`` adds the process pool and the hard deadline around it.
+    """
+    from math_verify import verify
+
+    seconds = max(1, math.ceil(timeout))
+    tail = completion[-MAX_COMPLETION_CHARS:]
+    boxed = last_boxed(tail)
+    pred = _parse_latex(f"${boxed}$" if boxed is not None else tail, seconds)
+    extracted = boxed if boxed is not None else (str(pred[-1]) if pred else None)
+    gold_parsed = _parse_latex(f"${gold}$", seconds)
+    if not pred or not gold_parsed:
+        # Not parsable as LaTeX (e.g. "\text{Evelyn}" vs a name): fall back to the normalised string match.
+        if extracted is not None and normalize_answer(extracted) == normalize_answer(str(gold)):
+            return Grade(True, extracted, "ok")
+        return Grade(False, extracted, "unparsable")
+    correct = bool(verify(gold_parsed, pred, timeout_seconds=seconds))
+    return Grade(correct, extracted, "ok")
+
+
+# --------------------------------------------------------------------------------------------- worker pool
+
+
+def _worker_main(conn, memory_bytes: int) -> None:
+    """Worker loop: receive (completion, gold, timeout), send back a Grade dict; exits on None or EOF."""
+    import resource
+
+    if memory_bytes:
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, hard))
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        completion, gold, timeout = job
+        try:
+            result = grade_one(completion, gold, timeout).to_dict()
+        except MemoryError:
+            result = {"correct": False, "extracted": extract_answer(completion), "status": "error"}
+        except Exception:  # math-verify on exotic input: a wrong answer, not a crash of the batch
+            result = {"correct": False, "extracted": extract_answer(completion), "status": "error"}
+        conn.send(result)
+
+
+def _context():
+    """forkserver (safe from threads, fast replacements) with math-verify preloaded; spawn where unavailable."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["math_verify", "stapo.grading"])
+    return ctx
+
+
+class _Worker:
+    """One worker process and the parent's end of its pipe."""
+
+    def __init__(self, ctx):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, WORKER_MEMORY_BYTES), daemon=True)
+        self.proc.start()
+        child.close()
+        self.job: int | None = None  # index of the pair being graded
+        self.deadline = math.inf
+
+    def submit(self, index: int, completion: str, gold: str, timeout: float) -> None:
+        self.job, self.deadline = index, time.monotonic() + timeout
+        self.conn.send((completion, gold, timeout))
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(5)
+        self.conn.close()
+
+    def close(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.proc.join(1)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(1)
+        self.conn.close()
+
+
+def default_workers() -> int:
+    """CPUs this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def grade(completions: list[str], golds: list[str], *, timeout: float = 5.0, workers: int | None = None) -> list[Grade]:
+    """Grade ``completions[i]`` against ``golds[i]``, in parallel worker processes, ``timeout`` s wall per answer."""
+    if len(completions) != len(golds):
+        raise ValueError(f"grade: {len(completions)} completions but {len(golds)} golds")
+    if not completions:
+        return []
+    n_workers = max(1, min(workers or default_workers(), len(completions)))
+    ctx = _context()
+    pool = [_Worker(ctx) for _ in range(n_workers)]
+    results: list[Grade | None] = [None] * len(completions)
+    todo = deque(range(len(completions)))
+    try:
+        _run_pool(pool, ctx, todo, completions, golds, timeout, results)
+    finally:
+        for w in pool:
+            w.close()
+    return results  # type: ignore[return-value]
+
+
+def _run_pool(pool, ctx, todo, completions, golds, timeout, results) -> None:
+    """Dispatch loop: keep every worker busy, collect answers, kill and replace workers past their deadline."""
+    while todo or any(w.job is not None for w in pool):
+        for k, w in enumerate(pool):
+            if w.job is None and todo:
+                i = todo.popleft()
+                try:
+                    w.submit(i, str(completions[i]), str(golds[i]), timeout)
+                except OSError:  # the worker died between jobs: grade this one as an error, replace it
+                    results[i] = Grade(False, extract_answer(str(completions[i])), "error")
+                    w.job = None
+                    w.kill()
+                    pool[k] = _Worker(ctx)
+        busy = [w for w in pool if w.job is not None]
+        if not busy:
+            continue
+        wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+        ready = set(wait([w.conn for w in busy], timeout=wait_s))
+        for k, w in enumerate(pool):
+            if w.job is None:
+                continue
+            if w.conn in ready:
+                try:
+                    results[w.job] = Grade(**w.conn.recv())
+                    w.job = None
+                    continue
+                except (EOFError, OSError):  # the worker died (e.g. aborted on a huge allocation)
+                    status = "error"
+            elif time.monotonic() >= w.deadline:
+                status = "timeout"
+            else:
+                continue
+            results[w.job] = Grade(False, extract_answer(str(completions[w.job])), status)
+            w.kill()
+            pool[k] = _Worker(ctx)
