@@ -7,6 +7,10 @@ same function, so the two can never drift apart.
 
 from __future__ import annotations
 
+import json
+import random
+from pathlib import Path
+
 __all__ = ["PROMPT_SUFFIX", "build_prompt"]
 
 PROMPT_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -20,3 +24,175 @@ def build_prompt(problem: str, tokenizer=None) -> str:
     return tokenizer.apply_chat_template(
         [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
     )
+
+
+# ------------------------------------------------------------------------------------------- training sets
+#
+# A training source is the recipe's ``train.dataset`` mapping:
+#     {name: dapo-math-17k}                                   BytedTsinghua-SIA/DAPO-Math-17k, deduplicated
+#     {name: dapo-math-17k-processed, config: en}             open-r1/DAPO-Math-17k-Processed ("all", "en", "cn")
+#     {name: synthetic-arith, n: 512, difficulty: 1, seed: 0} generated here, offline and deterministic
+#     {path: file.jsonl | file.json | file.parquet}           local rows with ``problem`` and ``answer`` fields
+# Every loader returns rows {problem, answer} (answer a string); the trainer turns them into prompts.
+
+__all__ += [
+    "DAPO_PREFIX", "DAPO_SUFFIX", "DatasetError", "synthetic_arith_rows", "read_rows", "strip_dapo_wrapper",
+    "dapo_math_rows", "load_problems", "validate_source",
+]
+
+DAPO_HUB_ID = "BytedTsinghua-SIA/DAPO-Math-17k"
+DAPO_PROCESSED_HUB_ID = "open-r1/DAPO-Math-17k-Processed"
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+SOURCE_KEYS = {"name", "path", "n", "difficulty", "seed", "config", "split", "limit"}
+SYNTHETIC_LEVELS = (1, 2, 3, 4)
+
+
+class DatasetError(ValueError):
+    """A training/benchmark data problem; the message names the file (and line) or the recipe key."""
+
+
+def synthetic_arith_rows(n: int, seed: int = 0, difficulty: int = 1, prefix: str = "arith") -> list[dict]:
+    """``n`` deterministic arithmetic problems as benchmark rows {id, problem, answer}.
+
+    Levels: 1 = a + b with a, b in 1..9 (a 135M chat model gets roughly a quarter right in 48 tokens);
+    2 = a ± b with two-digit operands; 3 = a × b + c with two-digit operands; 4 = (a + b) × c − d, three digits.
+    The same (n, seed, difficulty) always gives the same rows (own ``random.Random``; no global state).
+    """
+    if difficulty not in SYNTHETIC_LEVELS:
+        raise DatasetError(f"train.dataset.difficulty: must be one of {list(SYNTHETIC_LEVELS)}, got {difficulty!r}")
+    if n <= 0:
+        raise DatasetError(f"train.dataset.n: must be positive, got {n!r}")
+    rng = random.Random(f"synthetic-arith/{seed}/{difficulty}")
+    rows = []
+    for i in range(n):
+        if difficulty == 1:
+            a, b = rng.randint(1, 9), rng.randint(1, 9)
+            expr, value = f"{a} + {b}", a + b
+        elif difficulty == 2:
+            a, b, op = rng.randint(10, 99), rng.randint(10, 99), rng.choice("+-")
+            expr, value = f"{a} {op} {b}", a + b if op == "+" else a - b
+        elif difficulty == 3:
+            a, b, c = rng.randint(10, 99), rng.randint(2, 20), rng.randint(10, 99)
+            expr, value = f"{a} \\times {b} + {c}", a * b + c
+        else:
+            a, b, c, d = rng.randint(100, 999), rng.randint(100, 999), rng.randint(2, 9), rng.randint(100, 999)
+            expr, value = f"({a} + {b}) \\times {c} - {d}", (a + b) * c - d
+        rows.append({"id": f"{prefix}-{i:05d}", "problem": f"What is ${expr}$?", "answer": str(value)})
+    return rows
+
+
+def _check_row(row, where: str) -> dict:
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected an object with fields 'problem' and 'answer', got {type(row).__name__}")
+    for field in ("problem", "answer"):
+        if row.get(field) is None or (isinstance(row[field], str) and not row[field].strip()):
+            raise DatasetError(f"{where}: missing field {field!r}")
+    return {"problem": str(row["problem"]), "answer": str(row["answer"]).strip()}
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Rows {problem, answer} of a local .jsonl, .json (a list) or .parquet file.
+
+    A malformed row raises DatasetError naming the file, the line (jsonl; the row index otherwise) and the field.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"train.dataset.path: data file not found: {path}")
+    if path.suffix == ".jsonl":
+        rows = []
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DatasetError(f"{path}:{lineno}: invalid JSON ({err.msg})") from None
+                rows.append(_check_row(obj, f"{path}:{lineno}"))
+        return rows
+    if path.suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return [_check_row(obj, f"{path}: row {i}") for i, obj in enumerate(data)]
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return [_check_row(obj, f"{path}: row {i}") for i, obj in enumerate(pq.read_table(path).to_pylist())]
+    raise DatasetError(f"train.dataset.path: unsupported file type {path.suffix!r} (use .jsonl, .json or .parquet)")
+
+
+def strip_dapo_wrapper(text: str) -> str:
+    """The bare problem inside DAPO-Math-17k's instruction wrapper (exact prefix/suffix; unchanged if absent)."""
+    if text.startswith(DAPO_PREFIX):
+        text = text[len(DAPO_PREFIX):]
+    if text.endswith(DAPO_SUFFIX):
+        text = text[: -len(DAPO_SUFFIX)]
+    return text.strip()
+
+
+def _dapo_fields(row: dict) -> tuple[str, str]:
+    """(wrapped prompt text, gold) of a row of either hub copy of DAPO-Math-17k."""
+    prompt = row["prompt"]
+    if isinstance(prompt, list):  # BytedTsinghua-SIA: one user turn as a message list
+        prompt = next(m["content"] for m in prompt if m.get("role") == "user")
+    gold = row.get("solution") or row["reward_model"]["ground_truth"]
+    return prompt, str(gold)
+
+
+def dapo_math_rows(records, where: str = DAPO_HUB_ID) -> list[dict]:
+    """Rows {problem, answer} from DAPO-Math-17k records, deduplicated by prompt (first occurrence kept)."""
+    seen, rows = set(), []
+    for i, record in enumerate(records):
+        try:
+            prompt, gold = _dapo_fields(record)
+        except (KeyError, StopIteration) as err:
+            raise DatasetError(f"{where}: row {i}: missing field {err}") from None
+        if prompt in seen:
+            continue
+        seen.add(prompt)
+        rows.append(_check_row({"problem": strip_dapo_wrapper(prompt), "answer": gold}, f"{where}: row {i}"))
+    return rows
+
+
+def _hub_rows(name: str, source: dict) -> list[dict]:
+    import datasets
+
+    if name == "dapo-math-17k":
+        records = datasets.load_dataset(DAPO_HUB_ID, split=source.get("split", "train"))
+        return dapo_math_rows(records, DAPO_HUB_ID)
+    records = datasets.load_dataset(DAPO_PROCESSED_HUB_ID, source.get("config", "en"), split=source.get("split", "train"))
+    return dapo_math_rows(records, DAPO_PROCESSED_HUB_ID)
+
+
+def validate_source(source: dict) -> None:
+    """Check a ``train.dataset`` mapping without loading it (file existence, names, keys)."""
+    if not isinstance(source, dict) or ("name" in source) == ("path" in source):
+        raise DatasetError("train.dataset: give exactly one of 'name' or 'path'")
+    unknown = set(source) - SOURCE_KEYS
+    if unknown:
+        raise DatasetError(f"train.dataset: unknown key(s) {sorted(unknown)}; expected some of {sorted(SOURCE_KEYS)}")
+    if "path" in source and not Path(source["path"]).is_file():
+        raise DatasetError(f"train.dataset.path: data file not found: {source['path']}")
+    names = ("synthetic-arith", "dapo-math-17k", "dapo-math-17k-processed")
+    if "name" in source and source["name"] not in names:
+        raise DatasetError(f"train.dataset.name: unknown dataset {source['name']!r}; expected one of {list(names)}")
+
+
+def load_problems(source: dict) -> list[dict]:
+    """Rows {problem, answer} for a ``train.dataset`` mapping (see the section comment above)."""
+    validate_source(source)
+    if "path" in source:
+        rows = read_rows(source["path"])
+    elif source["name"] == "synthetic-arith":
+        gen = synthetic_arith_rows(int(source.get("n", 512)), int(source.get("seed", 0)), int(source.get("difficulty", 1)))
+        rows = [{"problem": r["problem"], "answer": r["answer"]} for r in gen]
+    else:
+        rows = _hub_rows(source["name"], source)
+    if source.get("limit"):
+        rows = rows[: int(source["limit"])]
+    if not rows:
+        raise DatasetError(f"train.dataset: {source} gave no rows")
+    return rows
