@@ -1,0 +1,171 @@
+"""Benchmark registry: where each benchmark's rows come from, how many there should be, paper N per benchmark.
+
+Every benchmark yields rows ``{id, problem, answer}`` (the ../shared/data/benchmarks format) from either
+
+* a local jsonl ``<data_dir>/<file>`` (offline runs and tests), or
+* its Hugging Face hub dataset (``hub_id``, ``hub_config``, ``hub_split``, with the field names mapped), or
+* for ``arith``, ``stapo.data.synthetic_arith_rows`` (the CPU miniature's synthetic benchmark).
+
+The loader warns when the row count differs from ``expected_rows`` (OlympiadBench: JustRL's 674 or the original 675).
+lm-eval reaches this module through ``custom_dataset`` (named by the task YAMLs), which also renders the training
+prompt (``stapo.data.build_prompt`` with the model's tokenizer) into a ``prompt`` column.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Benchmark", "BENCHMARKS", "SETTINGS", "TASKS_DIR", "load_rows", "custom_dataset", "task_name"]
+
+log = logging.getLogger("stapo.tasks")
+
+TASKS_DIR = Path(__file__).resolve().parent  # lm-eval include_path
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One evaluation benchmark.
+
+    file:          local jsonl name under the data dir (fields id, problem, answer).
+    hub_id:        Hugging Face dataset id used when no data dir is given (None: no hub copy, e.g. arith).
+    hub_config:    dataset config name on the hub (None: default).
+    hub_split:     split holding the problems.
+    problem_field: hub column with the problem text.
+    answer_field:  hub column with the gold answer (lists are joined with "," as JustRL does).
+    expected_rows: accepted row counts; any other count logs a warning.
+    samples:       N samples per problem in the paper (avg@N).
+    """
+
+    file: str
+    hub_id: str | None
+    hub_config: str | None
+    hub_split: str
+    problem_field: str
+    answer_field: str
+    expected_rows: tuple[int, ...]
+    samples: int
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "aime24": Benchmark("aime24.jsonl", "HuggingFaceH4/aime_2024", None, "train", "problem", "answer", (30,), 32),
+    "aime25": Benchmark("aime25.jsonl", "math-ai/aime25", None, "test", "problem", "answer", (30,), 32),
+    "amc23": Benchmark("amc23.jsonl", "math-ai/amc23", None, "test", "question", "answer", (40,), 32),
+    "math500": Benchmark("math500.jsonl", "HuggingFaceH4/MATH-500", None, "test", "problem", "answer", (500,), 4),
+    "minerva": Benchmark("minerva_math.jsonl", "math-ai/minervamath", None, "test", "question", "answer", (272,), 4),
+    "olympiadbench": Benchmark("olympiadbench.jsonl", "Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train",
+                               "question", "final_answer", (674, 675), 4),
+    # Synthetic arithmetic for the CPU miniature: generated, not downloaded (n rows, see ARITH_DEFAULTS).
+    "arith": Benchmark("arith.jsonl", None, None, "test", "problem", "answer", (), 4),
+}
+ARITH_DEFAULTS = dict(n=64, seed=1234, difficulty=1)  # seed differs from the training set's default (0)
+
+# Sampling settings of the paper (Evaluation protocol): the training-aligned one and JustRL's default.
+SETTINGS: dict[str, dict[str, float]] = {
+    "t1.0_p1.0": {"temperature": 1.0, "top_p": 1.0},
+    "t0.7_p0.9": {"temperature": 0.7, "top_p": 0.9},
+}
+
+
+def task_name(benchmark: str) -> str:
+    """The lm-eval task name of a benchmark key (``math500`` -> ``stapo_math500``)."""
+    get_benchmark(benchmark)
+    return f"stapo_{benchmark}"
+
+
+def get_benchmark(name: str) -> Benchmark:
+    if name not in BENCHMARKS:
+        raise KeyError(f"benchmark: unknown benchmark {name!r}; expected one of {sorted(BENCHMARKS)}")
+    return BENCHMARKS[name]
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            missing = {"id", "problem", "answer"} - row.keys()
+            if missing:
+                raise ValueError(f"{path}:{line_no}: missing field(s) {sorted(missing)}")
+            rows.append({"id": str(row["id"]), "problem": row["problem"], "answer": str(row["answer"])})
+    return rows
+
+
+def _hub_rows(name: str, bench: Benchmark) -> list[dict]:
+    import datasets
+
+    ds = datasets.load_dataset(bench.hub_id, bench.hub_config, split=bench.hub_split)
+    rows = []
+    for i, row in enumerate(ds):
+        answer = row[bench.answer_field]
+        if isinstance(answer, (list, tuple)):
+            answer = ",".join(str(a) for a in answer)
+        rows.append({"id": f"{name}-{i:04d}", "problem": row[bench.problem_field], "answer": str(answer)})
+    return rows
+
+
+def _arith_rows(n: int, seed: int, difficulty: int) -> list[dict]:
+    try:
+        from stapo.data import synthetic_arith_rows
+    except ImportError as err:
+        raise ImportError("benchmark 'arith' needs stapo.data.synthetic_arith_rows (not available)") from err
+    rows = synthetic_arith_rows(n, seed, difficulty)
+    return [{"id": str(r.get("id", f"arith-{i:04d}")), "problem": r["problem"], "answer": str(r["answer"])}
+            for i, r in enumerate(rows)]
+
+
+def load_rows(name: str, data_dir: str | Path | None = None, *, n: int | None = None, seed: int | None = None,
+              difficulty: int | None = None) -> list[dict]:
+    """Rows ``{id, problem, answer}`` of benchmark ``name``: local file if ``data_dir``, else hub (or generator)."""
+    bench = get_benchmark(name)
+    if name == "arith":
+        d = ARITH_DEFAULTS
+        rows = _arith_rows(n or d["n"], d["seed"] if seed is None else seed, difficulty or d["difficulty"])
+    elif data_dir:
+        path = Path(data_dir) / bench.file
+        if not path.exists():
+            raise FileNotFoundError(f"benchmark {name!r}: {path} not found (data_dir={data_dir})")
+        rows = _read_jsonl(path)
+    else:
+        rows = _hub_rows(name, bench)
+    if bench.expected_rows and len(rows) not in bench.expected_rows:
+        log.warning("benchmark %r has %d rows; expected %s", name, len(rows), " or ".join(map(str, bench.expected_rows)))
+    return rows
+
+
+def _tokenizer(spec: str | None):
+    if not spec:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(spec)
+
+
+def custom_dataset(benchmark: str, data_dir: str | None = None, tokenizer: str | None = None,
+                   pretrained: str | None = None, arith: dict | None = None, **_):
+    """lm-eval ``custom_dataset`` hook: a DatasetDict with a ``test`` split and the rendered ``prompt`` column.
+
+    lm-eval passes the task metadata (``stapo eval`` puts ``data_dir`` and ``tokenizer`` there; lm-eval's own CLI
+    passes ``pretrained`` from ``--model_args``) and the task's ``dataset_kwargs`` (``benchmark``).
+    """
+    import datasets
+
+    from stapo.data import build_prompt
+
+    rows = load_rows(benchmark, data_dir, **(arith or {}))
+    tok = _tokenizer(tokenizer or pretrained)
+    for row in rows:
+        row["prompt"] = build_prompt(row["problem"], tok)
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
+
+
+def process_results(doc: dict, results: list[str]) -> dict:
+    """Per-document metric for plain ``lm_eval`` runs (``stapo eval`` grades every sample itself)."""
+    from stapo.grading import grade
+
+    graded = grade(list(results), [doc["answer"]] * len(results))
+    return {"acc": sum(g.correct for g in graded) / max(1, len(graded))}
