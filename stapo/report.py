@@ -1,0 +1,418 @@
+"""``stapo report``: the paper's Table 2 and training figures from score summaries and training metrics.
+
+Inputs (layout of /work/notes/contract.md):
+    scores/<model>/<method>/<ckpt>/<benchmark>/<setting>.summary.json   one evaluation (``stapo eval``)
+    runs/<model>/<method>/metrics.jsonl                                 one line per optimiser step (``stapo train``)
+Outputs (under ``--out``, each written atomically):
+    table.md     per model: rows = methods (+ the untrained base), columns = benchmarks + Avg, each cell
+                 "T1.0 (T0.7)" = accuracy (%) at (T 1.0, top-p 1.0) and (T 0.7, top-p 0.9); for the paper's
+                 models the paper's v2 numbers and our Δ follow each method's row
+    table.tex    the same as LaTeX (booktabs)
+    scores.csv   every evaluated cell (all checkpoints) with its 95 % CI, plus per-row averages
+    figures/<model>_{entropy,reward,accuracy,silenced}.{png,pdf}
+
+The table uses the ``final`` checkpoint of each trained method and ``base`` for the untrained model. Avg is the
+mean over the benchmarks present; its CI half-width is sqrt(Σ h_i²)/k (independent benchmarks, normal approx.).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from stapo.atomic import atomic_write
+
+__all__ = ["add_arguments", "run", "load_scores", "load_metrics", "load_paper", "write_report", "FIGURE_KINDS"]
+
+PAPER_CSV = Path(__file__).parent / "reference" / "paper_v2_table.csv"
+METHOD_NAMES = {"base": "Base", "grpo": "GRPO", "entropy20": "20-Entropy", "justrl": "JustRL", "stapo": "STAPO"}
+MODEL_NAMES = {"qwen3-1.7b-base": "Qwen3-1.7B-Base", "qwen3-8b-base": "Qwen3-8B-Base",
+               "qwen3-14b-base": "Qwen3-14B-Base"}
+BENCHMARKS = {"aime24": "AIME24", "aime25": "AIME25", "amc23": "AMC23", "math500": "MATH500",
+              "minerva": "Minerva", "olympiadbench": "OlympiadBench", "arith": "Arith"}
+PAPER_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
+SETTINGS = ("t1.0_p1.0", "t0.7_p0.9")  # cell = "first (second)"
+FIGURE_KINDS = ("entropy", "reward", "accuracy", "silenced")
+TABLE_CKPTS = ("final", "base")
+
+
+@dataclass(frozen=True)
+class Score:
+    """One evaluation: accuracy avg@n (%) and its 95 % CI."""
+
+    model: str
+    method: str
+    ckpt: str
+    benchmark: str
+    setting: str
+    accuracy: float
+    ci_lo: float
+    ci_hi: float
+    n_samples: int | None = None
+    problems: int | None = None
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def load_scores(scores_dir: str | Path) -> list[Score]:
+    """Every ``<model>/<method>/<ckpt>/<benchmark>/<setting>.summary.json`` under ``scores_dir``."""
+    scores = []
+    for path in sorted(Path(scores_dir).glob("*/*/*/*/*.summary.json")):
+        model, method, ckpt, benchmark = path.relative_to(scores_dir).parts[:4]
+        setting = path.name[: -len(".summary.json")]
+        try:
+            s = json.loads(path.read_text(encoding="utf-8"))
+            acc = float(s["avg_at_n"])
+            lo, hi = (float(v) for v in s.get("ci95") or (acc, acc))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a score summary (need avg_at_n and ci95): {e}") from e
+        scores.append(Score(model, method, ckpt, benchmark, setting, acc, lo, hi,
+                            s.get("n_samples"), s.get("problems")))
+    return scores
+
+
+def load_metrics(runs_dir: str | Path) -> dict[tuple[str, str], list[dict]]:
+    """``(model, method) -> [metrics per step]`` sorted by step; a resumed run's repeated steps keep the last."""
+    out = {}
+    for path in sorted(Path(runs_dir).glob("*/*/metrics.jsonl")):
+        by_step = {}
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                by_step[int(row["step"])] = row
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{lineno}: bad metrics line (need a JSON object with 'step'): {e}") from e
+        model, method = path.relative_to(runs_dir).parts[:2]
+        out[(model, method)] = [by_step[k] for k in sorted(by_step)]
+    return out
+
+
+def load_paper(path: str | Path = PAPER_CSV) -> dict[tuple[str, str, str, str], float]:
+    """The paper's v2 Table 2: ``(paper model, paper method, benchmark|avg, setting) -> accuracy``."""
+    with open(path, newline="", encoding="utf-8") as f:
+        return {(r["model"], r["method"], r["benchmark"], r["setting"]): float(r["accuracy"]) for r in csv.DictReader(f)}
+
+
+# ---------------------------------------------------------------------------------------------- table
+
+
+def _ordered(keys, preferred):
+    """``keys`` in the order of ``preferred`` (first occurrence), the others sorted after them."""
+    keys = set(keys)
+    return [k for k in dict.fromkeys(preferred) if k in keys] + sorted(keys - set(preferred))
+
+
+def _layout(scores: list[Score], study: dict) -> dict[str, dict]:
+    """Per model: the methods (rows), benchmarks (columns) and the table's cells {(method, bench, setting): Score}."""
+    models = _ordered({s.model for s in scores}, list(study.get("models", {})))
+    method_order = ["base"] + list(study.get("methods", {})) + list(METHOD_NAMES)
+    layout = {}
+    for model in models:
+        cells = {(s.method, s.benchmark, s.setting): s for s in scores
+                 if s.model == model and s.ckpt == ("base" if s.method == "base" else "final")}
+        layout[model] = {
+            "methods": _ordered({m for m, _, _ in cells}, method_order),
+            "benchmarks": _ordered({b for _, b, _ in cells}, list(BENCHMARKS)),
+            "cells": cells,
+        }
+    return layout
+
+
+def row_average(cells: dict, method: str, benchmarks: list[str], setting: str) -> tuple[float, float, float] | None:
+    """Mean accuracy over ``benchmarks`` and its CI (half-width sqrt(Σ h_i²)/k); None if any is missing."""
+    got = [cells.get((method, b, setting)) for b in benchmarks]
+    if not got or any(s is None for s in got):
+        return None
+    mean = sum(s.accuracy for s in got) / len(got)
+    half = math.sqrt(sum(((s.ci_hi - s.ci_lo) / 2) ** 2 for s in got)) / len(got)
+    return mean, mean - half, mean + half
+
+
+def _row_values(cells, method, benchmarks) -> dict[tuple[str, str], float | None]:
+    """``(benchmark|'avg', setting) -> accuracy`` for one table row."""
+    vals = {}
+    for setting in SETTINGS:
+        for b in benchmarks:
+            s = cells.get((method, b, setting))
+            vals[(b, setting)] = s.accuracy if s else None
+        avg = row_average(cells, method, benchmarks, setting)
+        vals[("avg", setting)] = avg[0] if avg else None
+    return vals
+
+
+def _paper_values(paper, model, method, benchmarks) -> dict[tuple[str, str], float | None] | None:
+    pm, pmeth = MODEL_NAMES.get(model), METHOD_NAMES.get(method)
+    if pm is None or not any(k[:2] == (pm, pmeth) for k in paper):
+        return None
+    # The paper's Avg covers the six benchmarks: compare it only when we have all six.
+    full = set(PAPER_BENCHMARKS) <= set(benchmarks)
+    return {(b, s): paper.get((pm, pmeth, b, s)) if (b != "avg" or full) else None
+            for b in list(benchmarks) + ["avg"] for s in SETTINGS}
+
+
+def _fmt(v, signed=False) -> str:
+    if v is None:
+        return "–"
+    return f"{v:+.2f}" if signed else f"{v:.2f}"
+
+
+def _cell(vals, bench, signed=False) -> str:
+    return f"{_fmt(vals[(bench, SETTINGS[0])], signed)} ({_fmt(vals[(bench, SETTINGS[1])], signed)})"
+
+
+def table_rows(entry: dict, model: str, paper: dict) -> list[tuple[str, list[str]]]:
+    """``[(row label, [cell per benchmark + Avg])]`` for one model: ours, then paper v2 and Δ for paper models."""
+    benches, rows = entry["benchmarks"], []
+    for method in entry["methods"]:
+        ours = _row_values(entry["cells"], method, benches)
+        name = METHOD_NAMES.get(method, method)
+        rows.append((name, [_cell(ours, b) for b in benches + ["avg"]]))
+        theirs = _paper_values(paper, model, method, benches)
+        if theirs is None:
+            continue
+        delta = {k: (ours[k] - theirs[k]) if ours.get(k) is not None and theirs[k] is not None else None
+                 for k in theirs}
+        rows.append((f"{name} (paper v2)", [_cell(theirs, b) for b in benches + ["avg"]]))
+        rows.append((f"{name} Δ ours − paper", [_cell(delta, b, signed=True) for b in benches + ["avg"]]))
+    return rows
+
+
+def _footnotes(entry: dict, model: str, study: dict) -> list[str]:
+    benches = entry["benchmarks"]
+    notes = [f"Cells: accuracy (%), avg@n over samples, at T 1.0 / top-p 1.0 (T 0.7 / top-p 0.9); 95 % CIs in "
+             f"scores.csv. Trained methods: final checkpoint; Base: the untrained model."]
+    missing = [BENCHMARKS[b] for b in PAPER_BENCHMARKS if b not in benches]
+    if missing or len(benches) != len(PAPER_BENCHMARKS):
+        notes.append(f"Avg is over the {len(benches)} benchmark(s) present ({', '.join(BENCHMARKS.get(b, b) for b in benches)}), "
+                     f"not the paper's six" + (f"; not evaluated: {', '.join(missing)}." if missing else "."))
+    protocol = sorted({(s.benchmark, s.problems, s.n_samples) for s in entry["cells"].values()},
+                      key=lambda t: list(BENCHMARKS).index(t[0]) if t[0] in BENCHMARKS else 99)
+    if protocol:
+        notes.append("Protocol: " + "; ".join(f"{BENCHMARKS.get(b, b)} {p} problems × avg@{n}"
+                                              for b, p, n in protocol) + ".")
+    if model in MODEL_NAMES:
+        notes.append("Paper numbers: STAPO v2 Table 2 (stapo/reference/paper_v2_table.csv); Δ = ours − paper.")
+    return notes
+
+
+def render_markdown(layout: dict, paper: dict, study: dict) -> str:
+    lines = [f"# STAPO reproduction — study `{study.get('study', 'unnamed')}`", ""]
+    for model, entry in layout.items():
+        benches = entry["benchmarks"]
+        lines += [f"## {MODEL_NAMES.get(model, model)}", ""]
+        lines.append("| Method | " + " | ".join(BENCHMARKS.get(b, b) for b in benches) + " | Avg |")
+        lines.append("|---|" + "---|" * (len(benches) + 1))
+        lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in table_rows(entry, model, paper)]
+        lines.append("")
+        lines += [f"{i}. {note}" for i, note in enumerate(_footnotes(entry, model, study), 1)]
+        lines.append("")
+    if not layout:
+        lines += ["No score summaries found.", ""]
+    return "\n".join(lines)
+
+
+def _tex_escape(text: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
+                 ("Δ", r"$\Delta$"), ("−", "$-$"), ("–", "--")):
+        text = text.replace(a, b)
+    return text
+
+
+def render_latex(layout: dict, paper: dict, study: dict) -> str:
+    out = [f"% STAPO reproduction, study {study.get('study', 'unnamed')}: accuracy (%) T1.0 (T0.7)"]
+    for model, entry in layout.items():
+        benches = entry["benchmarks"]
+        out += [r"\begin{table}[t]", r"\centering", r"\small",
+                rf"\caption{{{_tex_escape(MODEL_NAMES.get(model, model))}: accuracy (\%), "
+                r"$T{=}1.0$ ($T{=}0.7$, top-$p$ 0.9).}",
+                r"\begin{tabular}{l" + "c" * (len(benches) + 1) + "}", r"\toprule",
+                " & ".join(["Method"] + [BENCHMARKS.get(b, b) for b in benches] + ["Avg"]) + r" \\", r"\midrule"]
+        out += [" & ".join(_tex_escape(x) for x in [label] + cells) + r" \\"
+                for label, cells in table_rows(entry, model, paper)]
+        out += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+    return "\n".join(out)
+
+
+def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
+    """Every evaluated cell with its CI (all checkpoints), the table rows' averages, and the paper's value."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["model", "method", "ckpt", "benchmark", "setting", "accuracy", "ci95_lo", "ci95_hi",
+                "n_samples", "problems", "paper_v2", "delta"])
+
+    def paper_value(model, method, bench, setting):
+        return paper.get((MODEL_NAMES.get(model), METHOD_NAMES.get(method), bench, setting))
+
+    for s in scores:
+        p = paper_value(s.model, s.method, s.benchmark, s.setting) if s.ckpt in TABLE_CKPTS else None
+        w.writerow([s.model, s.method, s.ckpt, s.benchmark, s.setting, f"{s.accuracy:.4f}", f"{s.ci_lo:.4f}",
+                    f"{s.ci_hi:.4f}", s.n_samples, s.problems, _fmt(p).replace("–", ""),
+                    "" if p is None else f"{s.accuracy - p:.4f}"])
+    for model, entry in layout.items():
+        full = set(PAPER_BENCHMARKS) <= set(entry["benchmarks"])
+        for method in entry["methods"]:
+            for setting in SETTINGS:
+                avg = row_average(entry["cells"], method, entry["benchmarks"], setting)
+                if avg is None:
+                    continue
+                p = paper_value(model, method, "avg", setting) if full else None
+                w.writerow([model, method, "base" if method == "base" else "final", "avg", setting,
+                            *(f"{v:.4f}" for v in avg), "", "", _fmt(p).replace("–", ""),
+                            "" if p is None else f"{avg[0] - p:.4f}"])
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------- figures
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], float(r[key])) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _smooth(ys: list[float], window: int) -> list[float]:
+    """Trailing moving average (the paper's curves are smoothed); identity when window <= 1."""
+    if window <= 1:
+        return ys
+    out, acc = [], 0.0
+    for i, y in enumerate(ys):
+        acc += y - (ys[i - window] if i >= window else 0.0)
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def _metric_panel(ax, metrics: dict, model: str, methods: list[str], key: str, ylabel: str, log=False) -> bool:
+    drew = False
+    for method in methods:
+        xs, ys = _series(metrics.get((model, method), []), key)
+        if log:
+            xs, ys = [x for x, y in zip(xs, ys) if y > 0], [y for y in ys if y > 0]
+        if xs:
+            ax.plot(xs, _smooth(ys, max(1, len(ys) // 50)), label=METHOD_NAMES.get(method, method), lw=1.4)
+            drew = True
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    return drew
+
+
+def _step_of(ckpt: str, final_step: int | None) -> int | None:
+    if ckpt == "base":
+        return 0
+    if ckpt.startswith("checkpoint-"):
+        return int(ckpt.split("-", 1)[1])
+    return final_step
+
+
+def _accuracy_panel(ax, scores: list[Score], metrics: dict, model: str, methods: list[str]) -> bool:
+    """Accuracy vs step on the curve benchmark (AIME24 when evaluated, else the best-covered one)."""
+    mine = [s for s in scores if s.model == model]
+    counts = defaultdict(int)
+    for s in mine:
+        counts[s.benchmark] += 1
+    if not counts:
+        return False
+    bench = "aime24" if "aime24" in counts else max(counts, key=counts.get)
+    drew = False
+    for method in [m for m in methods if m != "base"]:
+        rows = metrics.get((model, method), [])
+        final_step = rows[-1]["step"] if rows else None
+        for setting, style in zip(SETTINGS, ("-", "--")):
+            pts = sorted((_step_of(s.ckpt, final_step), s.accuracy) for s in mine
+                         if s.benchmark == bench and s.setting == setting and s.method in (method, "base"))
+            pts = [p for p in pts if p[0] is not None]
+            if pts:
+                ax.plot(*zip(*pts), style, marker="o", ms=3, label=f"{METHOD_NAMES.get(method, method)} {setting}")
+                drew = True
+    ax.set_xlabel("training step (0 = base model)")
+    ax.set_ylabel(f"{BENCHMARKS.get(bench, bench)} accuracy (%)")
+    return drew
+
+
+def draw_figure(kind: str, model: str, scores: list[Score], metrics: dict, methods: list[str]):
+    """One matplotlib figure of ``kind`` for ``model`` (all methods in one panel)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
+    if kind == "entropy":
+        drew = _metric_panel(ax, metrics, model, methods, "entropy_mean", "mean token entropy (nats)")
+    elif kind == "reward":
+        drew = _metric_panel(ax, metrics, model, methods, "reward_mean", "training reward (mean)")
+    elif kind == "silenced":
+        drew = _metric_panel(ax, metrics, model, methods, "silenced_fraction", "silenced-token fraction", log=True)
+        ax.set_yscale("log")
+        ax.axhline(1e-4, color="grey", ls=":", lw=1, label="1e-4")
+        drew = True
+    else:
+        drew = _accuracy_panel(ax, scores, metrics, model, methods)
+    if not drew:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+    elif ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, frameon=False)
+    ax.set_title(f"{MODEL_NAMES.get(model, model)}: {kind}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def write_figures(out_dir: Path, models: list[str], methods: list[str], scores: list[Score], metrics: dict):
+    import matplotlib.pyplot as plt
+
+    for model in models:
+        for kind in FIGURE_KINDS:
+            fig = draw_figure(kind, model, scores, metrics, methods)
+            for ext in ("png", "pdf"):
+                buf = io.BytesIO()
+                fig.savefig(buf, format=ext)
+                atomic_write(out_dir / "figures" / f"{model}_{kind}.{ext}", buf.getvalue())
+            plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+
+
+def write_report(scores_dir, runs_dir, out_dir, study: dict | None = None, paper_csv=PAPER_CSV) -> dict:
+    """Write table.md, table.tex, scores.csv and the figures; return the per-model layout."""
+    study = study or {}
+    out_dir = Path(out_dir)
+    scores, metrics, paper = load_scores(scores_dir), load_metrics(runs_dir), load_paper(paper_csv)
+    layout = _layout(scores, study)
+    atomic_write(out_dir / "table.md", render_markdown(layout, paper, study))
+    atomic_write(out_dir / "table.tex", render_latex(layout, paper, study))
+    atomic_write(out_dir / "scores.csv", render_csv(scores, layout, paper))
+    models = _ordered(set(layout) | {m for m, _ in metrics} | set(study.get("models", {})),
+                      list(study.get("models", {})))
+    methods = _ordered({m for _, m in metrics} | {s.method for s in scores} | set(study.get("methods", {})),
+                       list(study.get("methods", {})) + list(METHOD_NAMES))
+    write_figures(out_dir, models, methods, scores, metrics)
+    return layout
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--scores", default="scores", help="directory of <model>/<method>/<ckpt>/<bench>/<setting>.summary.json")
+    parser.add_argument("--runs", default="runs", help="directory of <model>/<method>/metrics.jsonl")
+    parser.add_argument("--out", default="results", help="output directory (table.md, table.tex, scores.csv, figures/)")
+    parser.add_argument("--config", default=None, help="study YAML (orders models/methods, names the study)")
+
+
+def run(args) -> int:
+    study = {}
+    if args.config:
+        with open(args.config, encoding="utf-8") as f:
+            study = yaml.safe_load(f) or {}
+        if not isinstance(study, dict):
+            raise ValueError(f"{args.config}: expected a YAML mapping")
+    layout = write_report(args.scores, args.runs, args.out, study)
+    print(f"report: {sum(len(e['methods']) for e in layout.values())} rows for {len(layout)} model(s) -> {args.out}")
+    return 0

@@ -1,0 +1,138 @@
+"""stapo.report on synthetic score summaries and metrics: table layout, Δ vs the paper, CSV CIs, figures."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from stapo import report
+from stapo.atomic import atomic_write_json
+
+SETTINGS = ("t1.0_p1.0", "t0.7_p0.9")
+PAPER_MODEL = "qwen3-1.7b-base"
+METHODS = ("grpo", "entropy20", "justrl", "stapo")
+CELL = re.compile(r"^-?\d+\.\d{2} \(-?\d+\.\d{2}\)$")
+
+
+def _summary(path: Path, acc: float, half: float = 2.0, n: int = 4, problems: int = 30) -> None:
+    atomic_write_json(path, {"avg_at_n": acc, "ci95": [acc - half, acc + half], "n_samples": n,
+                             "problems": problems, "samples": n * problems})
+
+
+def _write_study(tmp: Path, model: str, benchmarks, ckpts=("final",)) -> tuple[Path, Path]:
+    scores, runs = tmp / "scores", tmp / "runs"
+    for i, method in enumerate(("base",) + METHODS):
+        for ckpt in (("base",) if method == "base" else ckpts):
+            for j, bench in enumerate(benchmarks):
+                for k, setting in enumerate(SETTINGS):
+                    _summary(scores / model / method / ckpt / bench / f"{setting}.summary.json", 10 + i + j + 0.5 * k)
+        if method == "base":
+            continue
+        lines = [{"step": s, "entropy_mean": 0.5 + 0.01 * s * i, "reward_mean": -1 + 0.1 * s,
+                  "silenced_fraction": 1e-5 * s if method == "stapo" else 0.0} for s in range(1, 6)]
+        lines.append(dict(lines[-1], reward_mean=0.123))  # a resumed run repeats step 5: the last one wins
+        (runs / model / method).mkdir(parents=True, exist_ok=True)
+        (runs / model / method / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return scores, runs
+
+
+def _rows(table: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in table.splitlines():
+        if line.startswith("| ") and not line.startswith("| Method"):
+            label, *cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[label] = cells
+    return rows
+
+
+def test_paper_model_table_has_paper_numbers_and_delta(tmp_path):
+    scores, runs = _write_study(tmp_path, PAPER_MODEL, report.PAPER_BENCHMARKS)
+    study = {"study": "synthetic", "models": {PAPER_MODEL: {}}, "methods": {m: {} for m in METHODS}}
+    report.write_report(scores, runs, tmp_path / "results", study)
+    table = (tmp_path / "results" / "table.md").read_text()
+    rows = _rows(table)
+    labels = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")][1:]
+    assert labels == ["Base"] + [f"{m}{suffix}" for m in ("GRPO", "20-Entropy", "JustRL", "STAPO")
+                                 for suffix in ("", " (paper v2)", " Δ ours − paper")]
+    assert "| Method | AIME24 | AIME25 | AMC23 | MATH500 | Minerva | OlympiadBench | Avg |" in table
+    for name in ("Base", "GRPO", "20-Entropy", "JustRL", "STAPO"):
+        assert len(rows[name]) == 7 and all(CELL.match(c) for c in rows[name]), rows[name]
+    # STAPO is method index 4: aime24 = 14.0 (14.5); the paper's 1.7B STAPO aime24 = 17.40 (16.04)
+    assert rows["STAPO"][0] == "14.00 (14.50)"
+    assert rows["STAPO (paper v2)"][0] == "17.40 (16.04)"
+    assert rows["STAPO Δ ours − paper"][0] == "-3.40 (-1.54)"
+    # Avg over the six: 14 + mean(0..5) = 16.5; paper avg 38.18 -> Δ -21.68
+    assert rows["STAPO"][6] == "16.50 (17.00)"
+    assert rows["STAPO Δ ours − paper"][6] == "-21.68 (-19.72)"
+    assert "Base (paper v2)" not in rows  # the paper has no base row
+
+
+def test_csv_has_every_cell_with_ci_and_averages(tmp_path):
+    scores, runs = _write_study(tmp_path, PAPER_MODEL, report.PAPER_BENCHMARKS)
+    report.write_report(scores, runs, tmp_path / "results")
+    with open(tmp_path / "results" / "scores.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    cells = [r for r in rows if r["benchmark"] != "avg"]
+    assert len(cells) == 5 * 6 * 2
+    for r in cells:
+        assert float(r["ci95_lo"]) == pytest.approx(float(r["accuracy"]) - 2)
+        assert float(r["ci95_hi"]) == pytest.approx(float(r["accuracy"]) + 2)
+    stapo_avg = next(r for r in rows if r["method"] == "stapo" and r["benchmark"] == "avg"
+                     and r["setting"] == "t1.0_p1.0")
+    # half-width sqrt(6 * 2^2) / 6 = 0.8165
+    assert float(stapo_avg["ci95_hi"]) - float(stapo_avg["accuracy"]) == pytest.approx(0.8165, abs=1e-3)
+    assert float(stapo_avg["paper_v2"]) == 38.18
+    grpo_aime = next(r for r in rows if r["method"] == "grpo" and r["benchmark"] == "aime24"
+                     and r["setting"] == "t0.7_p0.9")
+    assert float(grpo_aime["delta"]) == pytest.approx(11.5 - 10.83)
+
+
+def test_miniature_table_only_present_benchmarks_and_footnote(tmp_path):
+    scores, runs = _write_study(tmp_path, "smollm2-135m", ("arith", "aime24"), ckpts=("final", "checkpoint-2"))
+    report.write_report(scores, runs, tmp_path / "results", {"study": "tiny"})
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert "| Method | AIME24 | Arith | Avg |" in table
+    rows = _rows(table)
+    assert set(rows) == {"Base", "GRPO", "20-Entropy", "JustRL", "STAPO"}  # no paper rows for a non-paper model
+    assert all(CELL.match(c) for cells in rows.values() for c in cells)
+    assert "Avg is over the 2 benchmark(s) present" in table and "not evaluated: AIME25" in table
+    assert "\\begin{tabular}{lccc}" in (tmp_path / "results" / "table.tex").read_text()
+
+
+def test_figures_exist_as_png_and_pdf(tmp_path):
+    scores, runs = _write_study(tmp_path, "m", ("arith",), ckpts=("final", "checkpoint-2"))
+    report.write_report(scores, runs, tmp_path / "results")
+    for kind in report.FIGURE_KINDS:
+        png = tmp_path / "results" / "figures" / f"m_{kind}.png"
+        pdf = png.with_suffix(".pdf")
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+        assert pdf.read_bytes()[:5] == b"%PDF-"
+
+
+def test_metrics_resume_keeps_last_line_per_step(tmp_path):
+    _, runs = _write_study(tmp_path, "m", ("arith",))
+    rows = report.load_metrics(runs)[("m", "stapo")]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows[-1]["reward_mean"] == 0.123
+
+
+def test_bad_summary_names_the_file(tmp_path):
+    bad = tmp_path / "scores" / "m" / "grpo" / "final" / "arith" / "t1.0_p1.0.summary.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"accuracy": 3}')
+    with pytest.raises(ValueError, match="t1.0_p1.0.summary.json.*avg_at_n"):
+        report.load_scores(tmp_path / "scores")
+
+
+def test_cli_dispatches_report(tmp_path):
+    from stapo.cli import main
+
+    scores, runs = _write_study(tmp_path, "m", ("arith",))
+    cfg = tmp_path / "study.yaml"
+    cfg.write_text("study: cli\nmodels: {m: {spec: x}}\nmethods: {stapo: {objective: stapo}}\n")
+    assert main(["report", "--scores", str(scores), "--runs", str(runs), "--out", str(tmp_path / "r"),
+                 "--config", str(cfg)]) == 0
+    assert (tmp_path / "r" / "table.md").read_text().startswith("# STAPO reproduction — study `cli`")

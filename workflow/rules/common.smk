@@ -1,0 +1,140 @@
+# Config validation and the helpers the rules use (functions only: rules live in the other .smk files).
+import hashlib
+import re
+from pathlib import Path
+import json
+
+import yaml
+from snakemake.utils import validate
+
+from stapo.atomic import atomic_write
+
+validate(config, workflow.source_path("../schemas/config.schema.yaml"), set_default=True)
+
+WF = config.setdefault("workflow", {})
+MODELS = list(config["models"])
+METHODS = list(config["methods"])
+SETTINGS = list(config["eval"]["settings"])
+BASE = "base"  # method and checkpoint key of the untrained model
+REAL_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
+FIGURE_KINDS = ("entropy", "reward", "accuracy", "silenced")
+# The resolved config (config files + --config overrides): the --recipe of every `stapo` call.
+STUDY_FILE = "results/study.yaml"
+
+
+def write_study_file(path=STUDY_FILE):
+    """Write the resolved config once per content change, so reruns do not touch its mtime."""
+    text = yaml.safe_dump(json.loads(json.dumps(config)), sort_keys=False)
+    try:
+        if open(path, encoding="utf-8").read() == text:
+            return path
+    except FileNotFoundError:
+        pass
+    atomic_write(path, text)
+    return path
+
+
+write_study_file()
+
+
+def benchmarks():
+    """Benchmarks of the study; real ones are dropped when the miniature has no local data dir."""
+    names = list(config["eval"]["benchmarks"])
+    if WF.get("real_benchmarks_need_data_dir") and not config["eval"].get("data_dir"):
+        names = [b for b in names if b not in REAL_BENCHMARKS]
+    return names
+
+
+def curve_checkpoints():
+    """checkpoint-N for N = eval_every, 2 eval_every, ... <= train.max_steps (the accuracy-vs-step curve)."""
+    every = WF.get("eval_every")
+    if not every:
+        return []
+    return [f"checkpoint-{n}" for n in range(every, int(config["train"]["max_steps"]) + 1, every)]
+
+
+def score_file(model, method, ckpt, benchmark, setting):
+    return f"scores/{model}/{method}/{ckpt}/{benchmark}/{setting}.summary.json"
+
+
+def all_summaries():
+    """One summary per (model, method, checkpoint, benchmark, setting) evaluation job of the study."""
+    full = WF.get("checkpoints", ["final"])
+    curve_bench = WF.get("curve_benchmark", "aime24")
+    curve_settings = WF.get("curve_settings") or SETTINGS
+    files = []
+    for model in MODELS:
+        runs = [(method, ckpt) for method in METHODS for ckpt in full]
+        runs += [(BASE, BASE)] if WF.get("eval_base", True) else []
+        for method, ckpt in runs:
+            files += [score_file(model, method, ckpt, b, s) for b in benchmarks() for s in SETTINGS]
+        if curve_bench in benchmarks():
+            for method in METHODS:
+                files += [score_file(model, method, c, curve_bench, s)
+                          for c in curve_checkpoints() if c not in full for s in curve_settings]
+    return files
+
+
+def all_final_dirs():
+    return [f"runs/{model}/{method}/final" for model in MODELS for method in METHODS]
+
+
+def figure_files(ext):
+    return [f"results/figures/{model}_{kind}.{ext}" for model in MODELS for kind in FIGURE_KINDS]
+
+
+def model_opt(model, key, default=None):
+    """Per-model setting (models.<key>.<name>), else the workflow-wide one, else ``default``."""
+    return config["models"][model].get(key, WF.get(key, default))
+
+
+def train_gpus(wildcards):
+    return int(config["models"][wildcards.model].get("gpus", 0))
+
+
+def eval_gpus(wildcards):
+    entry = config["models"][wildcards.model]
+    return int(entry.get("eval_gpus", 1 if entry.get("gpus", 0) > 0 else 0))
+
+
+def train_launcher(wildcards):
+    """`stapo` on one device; `accelerate launch` (the model's DeepSpeed config) on several GPUs."""
+    gpus = train_gpus(wildcards)
+    accel = config["models"][wildcards.model].get("accelerate_config")
+    if gpus <= 1:
+        return "stapo"
+    if not accel:
+        raise ValueError(f"models.{wildcards.model}.accelerate_config: required when gpus = {gpus} > 1")
+    return f"accelerate launch --config_file {accel} --num_processes {gpus} -m stapo.cli"
+
+
+def eval_model_input(wildcards):
+    """Evaluations of trained checkpoints wait for training to finish (final/ exists)."""
+    if wildcards.ckpt == BASE:
+        return []
+    return f"runs/{wildcards.model}/{wildcards.method}/final"
+
+
+def eval_model_arg(wildcards):
+    if wildcards.ckpt == BASE:
+        return config["models"][wildcards.model]["spec"]
+    return f"runs/{wildcards.model}/{wildcards.method}/{wildcards.ckpt}"
+
+
+def eval_options(wildcards):
+    """CLI flags of one `stapo eval` call, from the eval section (explicit, so each job's command says it all)."""
+    ev = config["eval"]
+    bench = ev["benchmarks"][wildcards.benchmark]
+    opts = {
+        "--backend": ev.get("backend"),
+        "--samples": bench.get("samples"),
+        "--limit": bench.get("limit", ev.get("limit")),
+        "--max-new-tokens": ev.get("max_new_tokens"),
+        "--data-dir": ev.get("data_dir"),
+    }
+    return " ".join(f"{k} {v}" for k, v in opts.items() if v is not None)
+
+
+def config_digest(*parts):
+    """Short hash of config sections, as a param: editing them reruns exactly the jobs they affect."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]

@@ -1,0 +1,38 @@
+# One job per (model, method, checkpoint, benchmark, setting), so evaluations run in parallel and a killed one
+# reruns alone. ckpt is `final`, `checkpoint-<N>` (the accuracy-vs-step curve) or `base` (the untrained model,
+# method `base`). The summary is written last by `stapo eval`; the per-sample .jsonl comes with it.
+
+
+rule evaluate:
+    input:
+        eval_model_input,
+    output:
+        samples="scores/{model}/{method}/{ckpt}/{benchmark}/{setting}.jsonl",
+        summary="scores/{model}/{method}/{ckpt}/{benchmark}/{setting}.summary.json",
+    log:
+        "logs/eval/{model}/{method}/{ckpt}/{benchmark}/{setting}.log",
+    params:
+        model=eval_model_arg,
+        recipe=STUDY_FILE,
+        options=eval_options,
+        digest=lambda wildcards: config_digest(
+            {k: v for k, v in config["eval"].items() if k not in ("benchmarks", "settings")},
+            config["eval"]["benchmarks"][wildcards.benchmark],
+            config["eval"]["settings"][wildcards.setting],
+        ),
+    wildcard_constraints:
+        model="|".join(map(re.escape, MODELS)),
+        method="|".join(map(re.escape, METHODS + [BASE])),
+        ckpt=f"final|checkpoint-[0-9]+|{BASE}",
+        benchmark="[a-z0-9]+",
+        setting="|".join(map(re.escape, SETTINGS)),
+    threads: WF.get("threads", 1)
+    resources:
+        gpu=eval_gpus,
+        mem_mb=lambda wildcards: model_opt(wildcards.model, "eval_mem_mb", 8000),
+        runtime=lambda wildcards: model_opt(wildcards.model, "eval_runtime", 60),
+    conda:
+        "../envs/stapo.yaml"
+    shell:
+        "stapo eval --model {params.model} --benchmark {wildcards.benchmark} --setting {wildcards.setting}"
+        " --out {output.samples} --recipe {params.recipe} {params.options} > {log} 2>&1"

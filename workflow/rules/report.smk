@@ -1,0 +1,31 @@
+# The paper's Table 2 layout (ours next to the paper's numbers) and figures, from every score summary and every
+# run's metrics.jsonl. `snakemake --report report.html` collects the table and figures.
+
+
+rule report:
+    input:
+        summaries=all_summaries(),
+        runs=all_final_dirs(),
+    output:
+        table=report("results/table.md", category="Table", caption="../report/table.rst"),
+        tex="results/table.tex",
+        csv="results/scores.csv",
+        png=[report(f, category="Figures", caption="../report/figure.rst") for f in figure_files("png")],
+        pdf=figure_files("pdf"),
+    log:
+        "logs/report.log",
+    params:
+        scores=lambda wildcards, input: "scores",
+        runs=lambda wildcards, input: "runs",
+        out=lambda wildcards, output: str(Path(output.table).parent),
+        recipe=STUDY_FILE,
+    threads: 1
+    resources:
+        gpu=0,
+        mem_mb=4000,
+        runtime=15,
+    conda:
+        "../envs/stapo.yaml"
+    shell:
+        "stapo report --scores {params.scores} --runs {params.runs} --out {params.out}"
+        " --config {params.recipe} > {log} 2>&1"
