@@ -83,9 +83,9 @@ def figure_files(ext):
     return [f"results/figures/{model}_{kind}.{ext}" for model in MODELS for kind in FIGURE_KINDS]
 
 
-def model_opt(model, key, default=None):
-    """Per-model setting (models.<key>.<name>), else the workflow-wide one, else ``default``."""
-    return config["models"][model].get(key, WF.get(key, default))
+def model_opt(model, key):
+    """Per-model setting (models.<model>.<key>), else the workflow-wide one (schema defaults fill it)."""
+    return config["models"][model].get(key, WF[key])
 
 
 def train_gpus(wildcards):

@@ -29,8 +29,8 @@ rule evaluate:
     threads: WF.get("threads", 1)
     resources:
         gpu=eval_gpus,
-        mem_mb=lambda wildcards: model_opt(wildcards.model, "eval_mem_mb", 8000),
-        runtime=lambda wildcards: model_opt(wildcards.model, "eval_runtime", 60),
+        mem_mb=lambda wildcards: model_opt(wildcards.model, "eval_mem_mb"),
+        runtime=lambda wildcards: model_opt(wildcards.model, "eval_runtime"),
     conda:
         "../envs/stapo.yaml"
     shell:

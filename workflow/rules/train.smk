@@ -22,8 +22,8 @@ rule train:
     threads: WF.get("threads", 1)
     resources:
         gpu=train_gpus,
-        mem_mb=lambda wildcards: model_opt(wildcards.model, "train_mem_mb", 8000),
-        runtime=lambda wildcards: model_opt(wildcards.model, "train_runtime", 60),
+        mem_mb=lambda wildcards: model_opt(wildcards.model, "train_mem_mb"),
+        runtime=lambda wildcards: model_opt(wildcards.model, "train_runtime"),
     conda:
         "../envs/stapo.yaml"
     shell:

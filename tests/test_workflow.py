@@ -1,0 +1,147 @@
+"""The Snakemake workflow: lint, dry-run job counts of the paper study, config validation, SLURM submission
+(offline, stub sbatch/sacct/... on PATH) and, marked slow, the miniature DAG end to end."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # .venv/bin: snakemake and the `stapo` console script
+PAPER = REPO / "configs" / "paper.yaml"
+TINY = REPO / "configs" / "tiny.yaml"
+
+
+def snakemake(*args, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the repository's Snakefile with ``cwd`` as working directory (outputs land there, not in the repo)."""
+    full_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(env or {})}
+    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(cwd), *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry run: rule -> count."""
+    table = output.split("Job stats:", 1)[1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
+
+
+def planned_outputs(cwd: Path, *config_args) -> list[str]:
+    """Every output file the DAG for results/table.md would create (snakemake --summary)."""
+    res = snakemake("--summary", *config_args, "--", "results/table.md", cwd=cwd)
+    assert res.returncode == 0, res.stderr
+    return [line.split("\t", 1)[0] for line in res.stdout.splitlines()[1:] if line.strip()]
+
+
+def test_lint_reports_nothing(tmp_path):
+    res = snakemake("--lint", "--configfile", PAPER, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Lints for" not in res.stdout + res.stderr
+
+
+def test_paper_dry_run_job_counts(tmp_path):
+    res = snakemake("-n", "--quiet", "rules", "--configfile", PAPER, "--", "results/table.md", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    # 3 models x 4 methods; (12 trained + 3 base) x 6 benchmarks x 2 settings evaluations; one report
+    assert job_counts(res.stdout) == {"train": 12, "evaluate": 12 * 6 * 2 + 3 * 6 * 2, "report": 1}
+    summaries = [f for f in planned_outputs(tmp_path, "--configfile", PAPER) if f.endswith(".summary.json")]
+    assert len([f for f in summaries if f.split("/")[3] == "final"]) == 144
+    assert len([f for f in summaries if f.split("/")[2:4] == ["base", "base"]]) == 36
+    assert "scores/qwen3-14b-base/stapo/final/olympiadbench/t0.7_p0.9.summary.json" in summaries
+
+
+def test_eval_every_adds_aime24_curve_jobs(tmp_path):
+    extra = tmp_path / "curve.yaml"
+    extra.write_text("workflow: {eval_every: 1000}\n")  # paper max_steps 3000 -> checkpoint-1000/2000/3000
+    outputs = planned_outputs(tmp_path, "--configfile", PAPER, extra)
+    curve = [f for f in outputs if "/checkpoint-" in f and f.endswith(".summary.json")]
+    assert len(curve) == 12 * 3 * 2 and all("/aime24/" in f for f in curve)
+
+
+def test_train_jobs_launch_accelerate_on_multi_gpu(tmp_path):
+    res = snakemake("-n", "-p", "--configfile", PAPER, "--", "runs/qwen3-8b-base/stapo/final", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "accelerate launch --config_file configs/accelerate/" in res.stdout
+    assert "-m stapo.cli train --recipe results/study.yaml --model qwen3-8b-base --method stapo" in res.stdout
+
+
+@pytest.mark.parametrize("patch, key", [
+    ({"stuy": "typo"}, "stuy"),
+    ({"workflow": {"eval_bse": True}}, "eval_bse"),
+    ({"methods": {"stapo": {"objective": "stapo", "tau": 0.1}}}, "tau"),
+    ({"eval": {"settings": {"t1.0_p0.95": {"temperature": 1.0, "top_p": 0.95}}}}, "t1.0_p0.95"),
+    ({"models": {"qwen3-8b-base": {"spec": "Qwen/Qwen3-8B-Base", "gpu": 8}}}, "gpu"),
+])
+def test_schema_rejects_bad_key_before_any_job(tmp_path, patch, key):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(patch))
+    res = snakemake("-n", "--configfile", PAPER, bad, cwd=tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert "Error validating config file" in out and repr(key) in out, out[-2000:]
+    assert "Building DAG" not in out
+
+
+STUB = """#!/bin/sh
+echo "$0 $*" >> {log}
+case "$(basename "$0")" in
+  sbatch) cat > /dev/null; echo 4242 ;;
+  sacctmgr) echo "myacct" ;;
+  sacct) echo "4242|COMPLETED" ;;
+  squeue) ;;
+  sinfo) echo "PARTITION"; echo "gpu" ;;
+  *) ;;
+esac
+"""
+
+
+def test_slurm_profile_submits_gpu_jobs(tmp_path):
+    """Stub SLURM commands record the sbatch calls; the jobs 'complete' without outputs, so Snakemake then fails."""
+    stubs, log = tmp_path / "stubs", tmp_path / "slurm_calls.log"
+    stubs.mkdir()
+    for name in ("sbatch", "sacct", "sacctmgr", "squeue", "scontrol", "sinfo", "scancel", "sshare"):
+        (stubs / name).write_text(STUB.format(log=log))
+        (stubs / name).chmod(stat.S_IRWXU)
+    env = {"PATH": f"{stubs}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}",
+           "STAPO_SLURM_ACCOUNT": "myacct", "STAPO_SLURM_PARTITION": "gpu"}
+    targets = ["runs/qwen3-1.7b-base/grpo/final", "scores/qwen3-1.7b-base/base/base/aime24/t1.0_p1.0.summary.json"]
+    snakemake("--profile", REPO / "workflow/profiles/slurm", "--configfile", PAPER, "--latency-wait", "1",
+              "--retries", "0", "--slurm-init-seconds-before-status-checks", "1", "--", *targets,
+              cwd=tmp_path, env=env, timeout=180)
+    calls = [line for line in log.read_text().splitlines() if line.split()[0].endswith("sbatch")]
+    train = next(c for c in calls if "rule_train" in c)
+    evaluate = next(c for c in calls if "rule_evaluate" in c)
+    assert "--gpus=8" in train and "--cpus-per-task=64" in train and "--mem 256000" in train
+    assert "--gpus=1" in evaluate and "--cpus-per-task=16" in evaluate
+    for call in (train, evaluate):
+        assert "-A myacct" in call and "-p gpu" in call and " -t " in call
+
+
+@pytest.mark.slow
+def test_tiny_dag_end_to_end(tmp_path):
+    """The miniature study on CPU with 2 cores: 1 training step, the arith benchmark, 1 sample, short generations."""
+    study = yaml.safe_load(TINY.read_text())
+    study["train"].update(max_steps=1, save_steps=1)
+    arith = {**study["eval"]["benchmarks"].get("arith", {}), "samples": 1, "limit": 2}
+    study["eval"].update(benchmarks={"arith": arith}, data_dir=None, max_new_tokens=16)
+    study["workflow"] = {**study.get("workflow", {}), "eval_every": None}
+    cfg = tmp_path / "tiny-ci.yaml"  # a whole file, not an overlay: Snakemake would merge the benchmark maps
+    cfg.write_text(yaml.safe_dump(study))
+    res = snakemake("--cores", "2", "--configfile", cfg, "--", "results/table.md", cwd=tmp_path, timeout=900)
+    assert res.returncode == 0, res.stderr[-5000:]
+    table = (tmp_path / "results" / "table.md").read_text()
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")[1:]]
+            for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Method")}
+    assert set(rows) == {"Base", "GRPO", "20-Entropy", "JustRL", "STAPO"}
+    assert all(re.match(r"^\d+\.\d{2} \(\d+\.\d{2}\)$", c) for cells in rows.values() for c in cells), table
+    model = next(iter(study["models"]))
+    for kind in ("entropy", "reward", "accuracy", "silenced"):
+        for ext in ("png", "pdf"):
+            assert (tmp_path / "results" / "figures" / f"{model}_{kind}.{ext}").stat().st_size > 0
