@@ -38,12 +38,15 @@ __all__ = [
     "METHODS",
     "get_objective",
     "policy_loss",
+    "MAIN_METHODS",
+    "kept_mask",
     "silence_mask",
+    "ablation_silence_mask",
     "high_entropy_mask",
     "quantile",
 ]
 
-_METHOD_NAMES = ("grpo", "entropy20", "justrl", "stapo")
+_METHOD_NAMES = ("grpo", "entropy20", "justrl", "stapo", "stapo_high", "stapo_random", "stapo_full")
 
 
 @dataclass(frozen=True)
@@ -51,13 +54,17 @@ class ObjectiveConfig:
     """Hyper-parameters of one policy objective.
 
     Attributes:
-        method: one of "grpo", "entropy20", "justrl", "stapo".
+        method: one of "grpo", "entropy20", "justrl", "stapo", or a STAPO ablation (paper, Ablations):
+            "stapo_high" silences the HIGH-entropy candidates (H > quantile(H[cand], 1 − q), as many as S2T would),
+            "stapo_random" silences a random subset of candidates of S2T's size (seeded by ``seed``),
+            "stapo_full" silences every candidate (the paper's "FullMask" probe).
         eps_low: lower clip ε_low; the ratio is clipped at 1 − ε_low (paper: 0.2).
         eps_high: upper clip ε_high; the ratio is clipped at 1 + ε_high (paper: 0.28, GRPO 0.2).
         kl_beta: weight β of the k3 KL estimator to the reference policy (GRPO only; DeepSeekMath: 0.04).
         tau_p: STAPO's absolute probability threshold τ_p (paper: 0.002).
         entropy_quantile: STAPO's q; τ_h is the q-quantile of candidate entropies (paper: 0.75).
         top_entropy_ratio: 20-Entropy's ρ; the top-ρ fraction of tokens by entropy gets gradient (0.2).
+        seed: seed of stapo_random's choice when policy_loss gets no generator.
     """
 
     method: str
@@ -67,6 +74,7 @@ class ObjectiveConfig:
     tau_p: float = 0.002
     entropy_quantile: float = 0.75
     top_entropy_ratio: float = 0.2
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in _METHOD_NAMES:
@@ -90,7 +98,12 @@ METHODS: dict[str, ObjectiveConfig] = {
     "entropy20": ObjectiveConfig("entropy20"),
     "justrl": ObjectiveConfig("justrl"),
     "stapo": ObjectiveConfig("stapo"),
+    # ablations of the S2T mask (paper, Ablations); not part of the main table
+    "stapo_high": ObjectiveConfig("stapo_high"),
+    "stapo_random": ObjectiveConfig("stapo_random"),
+    "stapo_full": ObjectiveConfig("stapo_full"),
 }
+MAIN_METHODS = ("grpo", "entropy20", "justrl", "stapo")
 
 
 def get_objective(method: str, **overrides) -> ObjectiveConfig:
@@ -171,6 +184,35 @@ def silence_mask(
     return cand & (entropies.detach().float() < tau_h)
 
 
+def ablation_silence_mask(
+    variant: str, *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor,
+    tau_p: float, q: float, generator: torch.Generator | None = None,
+) -> Tensor:
+    """The paper's ablations of S2T (True = silenced), over the same candidate set:
+
+    high    candidates ∧ H > quantile(H[cand], 1 − q): the high-entropy end, as many as S2T silences
+    random  a uniformly random subset of candidates of the size S2T would silence on this rank
+    full    every candidate
+    """
+    cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=completion_mask, tau_p=tau_p)
+    if variant == "full":
+        return cand
+    pool = _gather_across_ranks(entropies.detach()[cand].float())
+    if pool.numel() == 0:
+        return torch.zeros_like(cand)
+    h = entropies.detach().float()
+    if variant == "high":
+        return cand & (h > quantile(pool, 1.0 - q))
+    if variant == "random":
+        n_silence = int((cand & (h < quantile(pool, q))).sum())
+        idx = cand.flatten().nonzero().squeeze(-1)
+        perm = torch.randperm(idx.numel(), generator=generator, device="cpu").to(idx.device)
+        out = torch.zeros_like(cand).flatten()
+        out[idx[perm[:n_silence]]] = True
+        return out.view_as(cand)
+    raise ValueError(f"unknown S2T ablation {variant!r}; expected high, random or full")
+
+
 # ------------------------------------------------------------------------------------------------ loss
 
 
@@ -182,18 +224,29 @@ def _clipped_surrogate(cfg: ObjectiveConfig, logps: Tensor, old_logps: Tensor, a
     return -torch.minimum(ratio * adv, clipped * adv), ratio
 
 
-def _kept_tokens(cfg, m, logps, entropies, advantages) -> tuple[Tensor, Tensor]:
-    """(kept [B, T], silenced [B, T]) for the configured method."""
+def kept_mask(
+    cfg: ObjectiveConfig, *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """(kept, silenced), Bool [B, T]: the tokens that enter ``cfg.method``'s loss, and those S2T silenced.
+
+    The trainer uses it to count a whole optimiser step's kept tokens (``token_normalizer``).
+    """
+    m = completion_mask.bool()
     none = torch.zeros_like(m)
     if cfg.method == "entropy20":
         return high_entropy_mask(entropies=entropies, completion_mask=m, ratio=cfg.top_entropy_ratio), none
+    common = dict(logps=logps, entropies=entropies, advantages=advantages, completion_mask=m, tau_p=cfg.tau_p,
+                  q=cfg.entropy_quantile)
     if cfg.method == "stapo":
-        silenced = silence_mask(
-            logps=logps, entropies=entropies, advantages=advantages, completion_mask=m,
-            tau_p=cfg.tau_p, q=cfg.entropy_quantile,
-        )
-        return m & ~silenced, silenced
-    return m, none
+        silenced = silence_mask(**common)
+    elif cfg.method.startswith("stapo_"):
+        if generator is None and cfg.method == "stapo_random":
+            generator = torch.Generator().manual_seed(cfg.seed)
+        silenced = ablation_silence_mask(cfg.method.removeprefix("stapo_"), generator=generator, **common)
+    else:
+        return m, none
+    return m & ~silenced, silenced
 
 
 def policy_loss(
@@ -206,12 +259,14 @@ def policy_loss(
     completion_mask: Tensor,
     ref_logps: Tensor | None = None,
     token_normalizer: Tensor | float | None = None,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss of one micro-batch for ``cfg.method`` and its metrics (see the module docstring for the equations).
 
     token_normalizer: for the token-mean methods, replaces the local denominator max(1, Σ kept) — the trainer
         passes the number of KEPT tokens of the whole gradient-accumulation step. Not defined for grpo (whose
         normaliser is per sequence): passing it raises.
+    generator: randomness of the stapo_random ablation (default: seeded from ``cfg.seed`` on every call).
     Returns a scalar fp32 loss (finite zero with a grad_fn on an all-masked or empty batch) and float metrics:
     entropy_mean (over all completion tokens, whatever the method), candidate/silenced/kept_fraction (of
     completion tokens), clip_fraction_low/high and clip_fraction, ratio_mean, kl_mean.
@@ -222,7 +277,9 @@ def policy_loss(
     if ref_logps is not None:
         ref_logps = torch.where(m, ref_logps, torch.zeros_like(ref_logps))
     per_token, ratio = _clipped_surrogate(cfg, logps, old_logps, advantages)
-    kept, silenced = _kept_tokens(cfg, m, logps, entropies, advantages)
+    kept, silenced = kept_mask(
+        cfg, logps=logps, entropies=entropies, advantages=advantages, completion_mask=m, generator=generator
+    )
 
     kl = None
     if cfg.kl_beta > 0 or ref_logps is not None:

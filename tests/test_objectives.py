@@ -9,7 +9,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from stapo.objectives import (
+    MAIN_METHODS,
     METHODS,
+    ablation_silence_mask,
+    candidate_mask,
     ObjectiveConfig,
     get_objective,
     high_entropy_mask,
@@ -36,7 +39,8 @@ def _inputs(logps, advantages, mask, entropies=None, old_logps=None):
 
 
 def test_registry_has_paper_defaults():
-    assert set(METHODS) == {"grpo", "entropy20", "justrl", "stapo"}
+    assert set(MAIN_METHODS) == {"grpo", "entropy20", "justrl", "stapo"}
+    assert set(METHODS) == set(MAIN_METHODS) | {"stapo_high", "stapo_random", "stapo_full"}
     g = METHODS["grpo"]
     assert (g.eps_low, g.eps_high, g.kl_beta) == (0.2, 0.2, 0.04)
     for name in ("justrl", "entropy20", "stapo"):
@@ -421,3 +425,51 @@ def test_quantiles_are_global_under_distributed(tmp_path):
                          completion_mask=x["completion_mask"][:4], tau_p=0.002, q=0.75)
     local_k = high_entropy_mask(entropies=x["entropies"][:4], completion_mask=x["completion_mask"][:4], ratio=0.2)
     assert not (torch.equal(local, sil[:4]) and torch.equal(local_k, kept[:4]))
+
+
+# ------------------------------------------------------------------------------------- S2T ablations
+
+
+def _masks(x, variant, seed=0):
+    common = dict(logps=x["logps"], entropies=x["entropies"], advantages=x["advantages"],
+                  completion_mask=x["completion_mask"], tau_p=0.002, q=0.75)
+    s2t = silence_mask(**common)
+    abl = ablation_silence_mask(variant, generator=torch.Generator().manual_seed(seed), **common)
+    cand = candidate_mask(logps=x["logps"], advantages=x["advantages"], completion_mask=x["completion_mask"],
+                          tau_p=0.002)
+    return s2t, abl, cand
+
+
+def test_ablation_high_silences_the_high_entropy_end_same_size():
+    x = _random_batch(B=8, T=64, rare_fraction=0.25, seed=12)
+    s2t, high, cand = _masks(x, "high")
+    assert high.sum() == s2t.sum() > 10  # continuous entropies: both quantile cuts leave 75 % of candidates
+    assert not (high & ~cand).any()
+    assert x["entropies"][high].mean() > x["entropies"][s2t].mean()
+
+
+def test_ablation_random_same_size_seeded():
+    x = _random_batch(B=8, T=64, rare_fraction=0.25, seed=13)
+    s2t, r1, cand = _masks(x, "random", seed=1)
+    _, r1b, _ = _masks(x, "random", seed=1)
+    _, r2, _ = _masks(x, "random", seed=2)
+    assert r1.sum() == s2t.sum() and not (r1 & ~cand).any()
+    assert torch.equal(r1, r1b) and not torch.equal(r1, r2)
+
+
+def test_ablation_full_silences_every_candidate():
+    x = _random_batch(B=8, T=64, rare_fraction=0.25, seed=14)
+    _, full, cand = _masks(x, "full")
+    assert torch.equal(full, cand)
+    _, m = policy_loss(METHODS["stapo_full"], **x)
+    assert m["silenced_fraction"] == pytest.approx(m["candidate_fraction"])
+
+
+@pytest.mark.parametrize("method", ["stapo_high", "stapo_random", "stapo_full"])
+def test_ablation_losses_drop_silenced_tokens(method):
+    x = _random_batch(B=6, T=40, rare_fraction=0.3, seed=15)
+    loss, m = policy_loss(METHODS[method], **x)
+    assert 0 < m["silenced_fraction"] <= m["candidate_fraction"]
+    assert m["kept_fraction"] == pytest.approx(1 - m["silenced_fraction"])
+    loss.backward()
+    assert (x["logps"].grad == 0).sum() >= round(m["silenced_fraction"] * x["completion_mask"].sum().item())
