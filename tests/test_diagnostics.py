@@ -1,0 +1,142 @@
+"""The paper's gradient-norm theory checked against autograd, and the per-quadrant statistics."""
+
+import math
+
+import pytest
+import torch
+
+from stapo.diagnostics import (
+    entropy_quantiles,
+    grad_norm_sq,
+    gradient_norm_bounds,
+    quadrant_stats,
+    silenced_examples,
+)
+from stapo.objectives import silence_mask
+from stapo.tokenstats import token_stats
+
+
+def _autograd_norm_sq(logits, labels, old_logps, adv, eps_low=0.2, eps_high=0.28):
+    """‖∂J/∂logits‖² per token by autograd, J = min(ρÂ, clip(ρ)Â) summed over independent tokens."""
+    a = logits.clone().requires_grad_(True)
+    logp = torch.log_softmax(a, -1).gather(-1, labels[:, None]).squeeze(-1)
+    ratio = torch.exp(logp - old_logps)
+    j = torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
+    j.sum().backward()  # tokens are independent rows, so each row of the gradient is that token's own
+    return (a.grad**2).sum(-1), ratio.detach()
+
+
+@pytest.mark.parametrize("vocab", [7, 1000])
+def test_closed_form_equals_autograd(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    n = 64
+    logits = torch.randn(n, vocab, generator=g, dtype=torch.float64) * 3
+    labels = torch.randint(0, vocab, (n,), generator=g)
+    logp_now = torch.log_softmax(logits, -1).gather(-1, labels[:, None]).squeeze(-1)
+    # old log-probs spread the ratio over [0.5, 1.6]: clipped and unclipped tokens, both advantage signs
+    old = logp_now - torch.empty(n, dtype=torch.float64).uniform_(math.log(0.5), math.log(1.6), generator=g)
+    adv = torch.where(torch.arange(n) % 2 == 0, 1.3, -0.7).double()
+    expected, ratio = _autograd_norm_sq(logits, labels, old, adv)
+    stats = token_stats(logits, labels)
+    # one "sequence" per token, so the per-sequence advantage is the token's own
+    ours = grad_norm_sq(logps=stats.logps[:, None], collision=stats.collision[:, None], ratio=ratio[:, None],
+                        advantages=adv, eps_low=0.2, eps_high=0.28).squeeze(-1)
+    clipped = ((ratio > 1.28) & (adv > 0)) | ((ratio < 0.8) & (adv < 0))
+    assert clipped.any() and (~clipped).any()
+    assert torch.all(expected[clipped] == 0) and torch.all(ours[clipped] == 0)
+    torch.testing.assert_close(ours.double(), expected, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("vocab", [2, 10, 1000, 151936])
+def test_paper_bounds_hold(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    n = 8 if vocab > 10000 else 256
+    # from nearly uniform to nearly one-hot
+    scales = torch.logspace(-2, 1.5, n).unsqueeze(-1)
+    logits = torch.randn(n, vocab, generator=g) * scales
+    labels = torch.randint(0, vocab, (n,), generator=g)
+    s = token_stats(logits.double(), labels)
+    exact = 1 - 2 * s.logps.exp() + s.collision
+    lower, upper = gradient_norm_bounds(logps=s.logps, entropies=s.entropies, vocab_size=vocab)
+    assert torch.all(lower.double() <= exact + 1e-6), (lower - exact).max()
+    assert torch.all(exact <= upper.double() + 1e-6), (exact - upper).max()
+
+
+def test_bounds_tight_at_uniform():
+    v = 50
+    s = token_stats(torch.zeros(1, v, dtype=torch.float64), torch.tensor([0]))
+    exact = 1 - 2 / v + 1 / v
+    lower, upper = gradient_norm_bounds(logps=s.logps, entropies=s.entropies, vocab_size=v)
+    assert lower.item() == pytest.approx(exact, rel=1e-5) and upper.item() == pytest.approx(exact, rel=1e-5)
+
+
+def _batch():
+    # one positive response (rare tokens with varied entropy + common tokens), one negative response
+    logps = torch.tensor([[-8.0, -8.0, -8.0, -8.0, -0.1, -0.1], [-8.0, -0.1, -0.1, -0.1, -0.1, -0.1]])
+    ent = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.05, 2.0], [0.1] * 6])
+    coll = torch.tensor([[0.9, 0.8, 0.7, 0.6, 0.9, 0.1], [0.5] * 6])
+    return dict(logps=logps, entropies=ent, collision=coll, ratio=torch.ones(2, 6),
+                advantages=torch.tensor([1.0, -1.0]), completion_mask=torch.ones(2, 6, dtype=torch.int))
+
+
+def test_quadrants_hand_computed():
+    x = _batch()
+    out = quadrant_stats(**x, tau_p=0.002, q=0.75, eps_low=0.2, eps_high=0.28)
+    # candidates: the 4 rare tokens of response 0, H .1-.4 → τ_h = quantile(.75) = 0.325
+    assert out["quadrant/tau_h"] == pytest.approx(0.325)
+    assert out["quadrant/lowp_lowh_count"] == 3 and out["quadrant/lowp_highh_count"] == 1
+    assert out["quadrant/highp_lowh_count"] == 1 and out["quadrant/highp_highh_count"] == 1
+    p = math.exp(-8.0)
+    expected = sum(math.sqrt(1 - 2 * p + c) for c in (0.9, 0.8, 0.7)) / 3
+    assert out["quadrant/lowp_lowh_grad_norm"] == pytest.approx(expected, rel=1e-6)
+    # the low-p low-H quadrant is exactly what S2T silences
+    sil = silence_mask(logps=x["logps"], entropies=x["entropies"], advantages=x["advantages"],
+                       completion_mask=x["completion_mask"], tau_p=0.002, q=0.75)
+    assert sil.sum().item() == out["quadrant/lowp_lowh_count"]
+
+
+def test_quadrant_low_p_low_h_has_largest_norm_on_real_distributions():
+    # A consequence of the theory: for peaked distributions whose sampled token is rare, ‖∇‖ is largest.
+    torch.manual_seed(0)
+    v = 500
+    logits = torch.randn(400, v) * torch.linspace(0.5, 8, 400).unsqueeze(-1)
+    probs = torch.softmax(logits, -1)
+    labels = torch.where(torch.rand(400) < 0.5, probs.argmin(-1), probs.argmax(-1))
+    s = token_stats(logits, labels)
+    out = quadrant_stats(logps=s.logps[None], entropies=s.entropies[None], collision=s.collision[None],
+                         ratio=torch.ones(1, 400), advantages=torch.tensor([1.0]),
+                         completion_mask=torch.ones(1, 400, dtype=torch.int), tau_p=0.002, q=0.75,
+                         eps_low=0.2, eps_high=0.28)
+    assert out["quadrant/lowp_lowh_count"] > 0
+    norms = {k: out[f"quadrant/{k}_grad_norm"] for k in ("lowp_lowh", "lowp_highh", "highp_lowh")}
+    assert norms["lowp_lowh"] == max(norms.values())
+
+
+def test_entropy_quantiles():
+    h = torch.arange(11, dtype=torch.float32).view(1, 11)  # 0..10
+    mask = torch.ones(1, 11, dtype=torch.int)
+    mask[0, -1] = 0  # 0..9 remain
+    out = entropy_quantiles(h, mask)
+    assert out == {"entropy_q10": pytest.approx(0.9), "entropy_q25": pytest.approx(2.25),
+                   "entropy_q50": pytest.approx(4.5), "entropy_q75": pytest.approx(6.75),
+                   "entropy_q90": pytest.approx(8.1)}
+
+
+class _Tok:
+    def decode(self, ids):
+        return "".join(f"<{i}>" for i in ids)
+
+
+def test_silenced_examples_records():
+    sil = torch.zeros(2, 5, dtype=torch.bool)
+    sil[0, 3] = sil[1, 1] = True
+    ids = torch.arange(10).view(2, 5)
+    top_ids = torch.arange(5).expand(2, 5, 5)
+    top_lp = torch.log(torch.tensor([0.5, 0.2, 0.1, 0.05, 0.01])).expand(2, 5, 5)
+    rows = silenced_examples(silenced=sil, completion_ids=ids, logps=torch.full((2, 5), math.log(0.001)),
+                             entropies=torch.full((2, 5), 0.2), advantages=torch.tensor([1.0, 0.5]),
+                             top_ids=top_ids, top_logps=top_lp, tokenizer=_Tok(), k=1, context=2)
+    assert len(rows) == 1
+    r = rows[0]
+    assert r["token"] == "<3>" and r["context"] == "<1><2>" and r["p"] == pytest.approx(0.001)
+    assert r["advantage"] == 1.0 and r["top"][0] == {"token": "<0>", "p": pytest.approx(0.5)}
