@@ -16,6 +16,8 @@ address-space limit, so a runaway big-integer power fails with MemoryError inste
 
 The parent uses no signals, so ``grade`` works from any thread (Snakemake ``run:`` blocks, thread pools).
 Workers come from a ``forkserver`` that preloads math-verify once: a replacement worker starts in milliseconds.
+As with any multiprocessing start method other than fork, a script that calls ``grade`` must guard its entry point
+(``if __name__ == "__main__":``): workers import the main module.
 """
 
 from __future__ import annotations

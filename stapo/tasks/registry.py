@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import lru_cache
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,6 +138,7 @@ def load_rows(name: str, data_dir: str | Path | None = None, *, n: int | None = 
     return rows
 
 
+@lru_cache(maxsize=4)
 def _tokenizer(spec: str | None):
     if not spec:
         return None

@@ -1,0 +1,156 @@
+"""stapo.grading: verdicts on real benchmark golds, adversarial completions, worker-pool behaviour."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from stapo.grading import MAX_COMPLETION_CHARS, Grade, extract_answer, grade, grade_one
+
+S = "We compute carefully. The final answer is "
+
+# (boxed answer in the completion, gold answer verbatim from ../shared/data/benchmarks, expected verdict)
+CASES = [
+    # integers (AIME / AMC golds)
+    ("204", "204", True), ("204.0", "204", True), ("0204", "204", True), ("205", "204", False),
+    ("113", "113", True), ("\\$113", "113", True), ("27", "27", True), ("-27", "27", False),
+    ("70", "70", True), ("7", "70", False), ("36", "36", True), ("3.6", "36", False),
+    # fractions / decimals / \dfrac vs \frac
+    ("\\dfrac{14}{3}", "\\frac{14}{3}", True), ("14/3", "\\frac{14}{3}", True), ("\\frac{28}{6}", "\\frac{14}{3}", True),
+    ("4.67", "\\frac{14}{3}", False), ("\\frac{3}{56}", "\\frac{3}{56}", True), ("\\tfrac{3}{56}", "\\frac{3}{56}", True),
+    ("\\frac{56}{3}", "\\frac{3}{56}", False), ("1.25", "1.25", True), ("\\frac{5}{4}", "1.25", True),
+    ("\\frac54", "1.25", True), ("1.2", "1.25", False), ("0.15", "0.15", True), ("\\frac{3}{20}", "0.15", True),
+    ("0.150", "0.15", True), ("\\frac{3}{2}", "\\frac{3}{2}", True), ("1.5", "\\frac{3}{2}", True),
+    ("\\frac{2}{3}", "\\frac{3}{2}", False), ("\\frac{243}{625}", "\\frac{243}{625}", True),
+    ("0.3888", "\\frac{243}{625}", True), ("\\frac{35}{64}", "\\frac{35}{64}", True), ("\\frac{35}{63}", "\\frac{35}{64}", False),
+    # radicals, pi
+    ("3\\sqrt{13}", "3\\sqrt{13}", True), ("\\sqrt{117}", "3\\sqrt{13}", True), ("3\\sqrt{12}", "3\\sqrt{13}", False),
+    ("\\sqrt{51}", "\\sqrt{51}", True), ("11\\sqrt{2}", "11\\sqrt2", True), ("\\sqrt{242}", "11\\sqrt2", True),
+    ("70\\sqrt{2}", "70 \\sqrt{2}", True), ("\\frac{3\\sqrt3}{4}", "\\frac{3\\sqrt{3}}{4}", True),
+    ("\\pi", "\\pi", True), ("3.14", "\\pi", False), ("-\\frac{\\pi}{6}", "-\\frac{\\pi}{6}", True),
+    ("\\frac{\\pi}{6}", "-\\frac{\\pi}{6}", False),
+    # degrees
+    ("90^\\circ", "90^\\circ", True), ("90", "90^\\circ", True), ("90^{\\circ}", "90^\\circ", True),
+    ("45^\\circ", "90^\\circ", False),
+    # tuples / points / intervals
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "\\left( 3, \\frac{\\pi}{2} \\right)", True),
+    ("(3, \\pi/2)", "\\left( 3, \\frac{\\pi}{2} \\right)", True), ("(3, \\pi)", "\\left( 3, \\frac{\\pi}{2} \\right)", False),
+    ("(6,31,-1)", "(6,31,-1)", True), ("(6,-1,31)", "(6,31,-1)", False), ("(-2,1)", "(-2,1)", True),
+    ("(-2, 1)", "(-2,1)", True), ("(1,-2)", "(-2,1)", False), ("[-2,1]", "[-2,1]", True), ("(-2,1]", "[-2,1]", False),
+    # multiple answers
+    ("1,-2", "1,-2", True), ("-2, 1", "1,-2", True), ("1", "1,-2", False), ("3, 5, 7", "3, 5, 7", True),
+    ("69,84", "69,84", True), ("84,69", "69,84", True), ("69", "69,84", False),
+    # text answers
+    ("\\text{Evelyn}", "\\text{Evelyn}", True), ("\\text{Evelyn}", "\\text{Bob}", False),
+    # symbolic (olympiadbench)
+    ("\\frac{1}{2n+2}", "\\frac{1}{2 n+2}", True), ("\\frac{1}{2(n+1)}", "\\frac{1}{2 n+2}", True),
+    ("\\frac{1}{2n}", "\\frac{1}{2 n+2}", False), ("f(x)=2x", "f(x)=2 x", True), ("f(x)=x", "f(x)=2 x", False),
+    ("\\frac{n(n+1)(2n+1)}{6}", "\\frac{n(n+1)(2 n+1)}{6}", True),
+    # minerva: decimals, scientific notation, units
+    ("1.6", "1.6", True), ("1.6 \\text{ cm}", "1.6", True), ("41.8", "41.8", True), ("42.8", "41.8", False),
+    ("0.006", "0.006", True), ("6 \\times 10^{-3}", "0.006", True),
+]
+
+
+def _completion(answer: str) -> str:
+    return f"{S}$\\boxed{{{answer}}}$."
+
+
+def test_case_table_is_large_enough():
+    assert len(CASES) >= 60
+    assert sum(not ok for _, _, ok in CASES) >= 20
+
+
+def test_case_table_verdicts():
+    """All cases in one pooled call (the way stapo eval grades); every verdict must match the table."""
+    grades = grade([_completion(a) for a, _, _ in CASES], [g for _, g, _ in CASES], timeout=10)
+    wrong = [(a, g, ok, r) for (a, g, ok), r in zip(CASES, grades) if r.correct != ok]
+    assert not wrong, "\n".join(f"boxed {a!r} vs gold {g!r}: expected {ok}, got {r}" for a, g, ok, r in wrong)
+    assert all(r.extracted == a for (a, _, _), r in zip(CASES, grades))
+
+
+def test_grade_one_matches_pool_on_a_sample():
+    for a, g, ok in CASES[::9]:
+        assert grade_one(_completion(a), g).correct == ok
+
+
+def test_extraction_last_box_nested_braces_and_no_box():
+    assert extract_answer("\\boxed{1} then \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert extract_answer("no box here") is None
+    r = grade(["The answer is $\\frac{1}{2}$ I think"], ["\\frac12"])[0]  # math-verify's own LaTeX extraction
+    assert r.correct and r.status == "ok"
+    r = grade(["I do not know"], ["5"])[0]
+    assert r == Grade(False, None, "unparsable")
+
+
+def test_long_completion_is_bounded():
+    text = "blah " * 400_000 + "\\boxed{42}"  # 2 MB
+    t = time.monotonic()
+    r = grade([text], ["42"])[0]
+    assert r.correct and r.status == "ok" and time.monotonic() - t < 15
+    # a box that lies before the bounded tail is not seen
+    assert extract_answer("\\boxed{42}" + "x" * (MAX_COMPLETION_CHARS + 10)) is None
+
+
+def test_length_mismatch_and_empty():
+    with pytest.raises(ValueError, match="2 completions but 1 golds"):
+        grade(["a", "b"], ["c"])
+    assert grade([], []) == []
+
+
+PWNED = Path("/tmp/pwned")
+
+ADVERSARIAL = [
+    "\\boxed{9^{9^{9^{9}}}}",
+    "\\boxed{" + "{" * 500 + "1" + "}" * 500 + "}",
+    "\\boxed{__import__('os').system('touch /tmp/pwned')}",
+    "__import__('os').system('touch /tmp/pwned')",
+    "The answer is $__import__('os').system('touch /tmp/pwned')$",
+    "\\boxed{" + "1+" * 20_000 + "1}",
+    "x" * 1_000_000 + "\\boxed{7}",
+]
+
+
+@pytest.mark.timeout(120)
+def test_adversarial_bounded_nothing_executed_status_reported():
+    PWNED.unlink(missing_ok=True)
+    timeout, workers = 2.0, 2
+    t = time.monotonic()
+    grades = grade(ADVERSARIAL, ["1", "1", "0", "0", "0", "20001", "7"], timeout=timeout, workers=workers)
+    elapsed = time.monotonic() - t
+    assert elapsed < len(ADVERSARIAL) * timeout / workers + 10
+    assert not PWNED.exists(), "a completion was executed"
+    assert all(g.status in ("ok", "timeout", "unparsable", "error") for g in grades)
+    assert grades[0].status in ("timeout", "error") and not grades[0].correct  # killed, batch continued
+    assert grades[2].extracted == "__import__('os').system('touch /tmp/pwned')" and not grades[2].correct
+    assert grades[-1].correct  # the 1 MB completion still grades
+
+
+@pytest.mark.timeout(120)
+def test_stuck_worker_is_replaced_and_batch_continues():
+    hard = "\\boxed{9^{9^{9^{9}}}}"
+    comps = [hard, _completion("1"), hard, _completion("2"), _completion("3")]
+    grades = grade(comps, ["1", "1", "1", "2", "4"], timeout=1.5, workers=1)
+    assert [g.status for g in grades] == ["timeout", "ok", "timeout", "ok", "ok"]
+    assert [g.correct for g in grades] == [False, True, False, True, False]
+
+
+def test_grade_from_a_non_main_thread():
+    out = []
+    th = threading.Thread(target=lambda: out.append(grade([_completion("\\dfrac{1}{2}")], ["0.5"], timeout=5)))
+    th.start()
+    th.join(60)
+    assert out and out[0][0].correct
+
+
+def test_no_signal_handler_left_in_parent():
+    import signal
+
+    before = signal.getsignal(signal.SIGALRM)
+    grade([_completion("1")], ["1"])
+    assert signal.getsignal(signal.SIGALRM) == before
+    assert os.getpid()  # parent alive, nothing forked into it
