@@ -391,8 +391,9 @@ def write_report(scores_dir, runs_dir, out_dir, study: dict | None = None, paper
     atomic_write(out_dir / "table.md", render_markdown(layout, paper, study))
     atomic_write(out_dir / "table.tex", render_latex(layout, paper, study))
     atomic_write(out_dir / "scores.csv", render_csv(scores, layout, paper))
-    models = _ordered(set(layout) | {m for m, _ in metrics} | set(study.get("models", {})),
-                      list(study.get("models", {})))
+    selected = (study.get("workflow") or {}).get("models")  # the workflow's subset of the study's models
+    models = selected or _ordered(set(layout) | {m for m, _ in metrics} | set(study.get("models", {})),
+                                  list(study.get("models", {})))
     methods = _ordered({m for _, m in metrics} | {s.method for s in scores} | set(study.get("methods", {})),
                        list(study.get("methods", {})) + list(METHOD_NAMES))
     write_figures(out_dir, models, methods, scores, metrics)

@@ -47,22 +47,33 @@ def test_lint_reports_nothing(tmp_path):
 
 
 def test_paper_dry_run_job_counts(tmp_path):
+    study = yaml.safe_load(PAPER.read_text())
+    every, max_steps = study["workflow"]["eval_every"], study["train"]["max_steps"]
+    curve = 12 * len(range(every, max_steps, every)) if every else 0  # AIME24 at T 1.0 for checkpoint-N < final
     res = snakemake("-n", "--quiet", "rules", "--configfile", PAPER, "--", "results/table.md", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    # 3 models x 4 methods; (12 trained + 3 base) x 6 benchmarks x 2 settings evaluations; one report
-    assert job_counts(res.stdout) == {"train": 12, "evaluate": 12 * 6 * 2 + 3 * 6 * 2, "report": 1}
+    # 3 models x 4 methods; (12 trained + 3 base) x 6 benchmarks x 2 settings evaluations (+ curve); one report
+    assert job_counts(res.stdout) == {"train": 12, "evaluate": 12 * 6 * 2 + 3 * 6 * 2 + curve, "report": 1}
     summaries = [f for f in planned_outputs(tmp_path, "--configfile", PAPER) if f.endswith(".summary.json")]
     assert len([f for f in summaries if f.split("/")[3] == "final"]) == 144
     assert len([f for f in summaries if f.split("/")[2:4] == ["base", "base"]]) == 36
     assert "scores/qwen3-14b-base/stapo/final/olympiadbench/t0.7_p0.9.summary.json" in summaries
+    assert f"scores/qwen3-8b-base/grpo/checkpoint-{every}/aime24/t1.0_p1.0.summary.json" in summaries
 
 
-def test_eval_every_adds_aime24_curve_jobs(tmp_path):
+def test_eval_every_sets_the_aime24_curve_jobs(tmp_path):
     extra = tmp_path / "curve.yaml"
-    extra.write_text("workflow: {eval_every: 1000}\n")  # paper max_steps 3000 -> checkpoint-1000/2000/3000
+    extra.write_text("workflow: {eval_every: 1000}\n")  # max_steps 3000 -> checkpoint-1000, -2000 (+ final)
     outputs = planned_outputs(tmp_path, "--configfile", PAPER, extra)
     curve = [f for f in outputs if "/checkpoint-" in f and f.endswith(".summary.json")]
-    assert len(curve) == 12 * 3 * 2 and all("/aime24/" in f for f in curve)
+    assert len(curve) == 12 * 2 and all(f.endswith("/aime24/t1.0_p1.0.summary.json") for f in curve)
+
+
+def test_workflow_models_selects_a_subset(tmp_path):
+    extra = tmp_path / "one.yaml"
+    extra.write_text("workflow: {models: [qwen3-8b-base], eval_every: null}\n")
+    res = snakemake("-n", "--quiet", "rules", "--configfile", PAPER, extra, "--", "results/table.md", cwd=tmp_path)
+    assert job_counts(res.stdout) == {"train": 4, "evaluate": 5 * 6 * 2, "report": 1}
 
 
 def test_train_jobs_launch_accelerate_on_multi_gpu(tmp_path):
@@ -131,7 +142,8 @@ def test_tiny_dag_end_to_end(tmp_path):
     study["train"].update(max_steps=1, save_steps=1)
     arith = {**study["eval"]["benchmarks"].get("arith", {}), "samples": 1, "limit": 2}
     study["eval"].update(benchmarks={"arith": arith}, data_dir=None, max_new_tokens=16)
-    study["workflow"] = {**study.get("workflow", {}), "eval_every": None}
+    model = "tiny-qwen3" if "tiny-qwen3" in study["models"] else next(iter(study["models"]))  # fastest
+    study["workflow"] = {**study.get("workflow", {}), "models": [model], "eval_every": None}
     cfg = tmp_path / "tiny-ci.yaml"  # a whole file, not an overlay: Snakemake would merge the benchmark maps
     cfg.write_text(yaml.safe_dump(study))
     res = snakemake("--cores", "2", "--configfile", cfg, "--", "results/table.md", cwd=tmp_path, timeout=900)
@@ -141,7 +153,6 @@ def test_tiny_dag_end_to_end(tmp_path):
             for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Method")}
     assert set(rows) == {"Base", "GRPO", "20-Entropy", "JustRL", "STAPO"}
     assert all(re.match(r"^\d+\.\d{2} \(\d+\.\d{2}\)$", c) for cells in rows.values() for c in cells), table
-    model = next(iter(study["models"]))
     for kind in ("entropy", "reward", "accuracy", "silenced"):
         for ext in ("png", "pdf"):
             assert (tmp_path / "results" / "figures" / f"{model}_{kind}.{ext}").stat().st_size > 0

@@ -12,7 +12,10 @@ from stapo.atomic import atomic_write
 validate(config, workflow.source_path("../schemas/config.schema.yaml"), set_default=True)
 
 WF = config.setdefault("workflow", {})
-MODELS = list(config["models"])
+MODELS = WF.get("models") or list(config["models"])
+for _key in MODELS:
+    if _key not in config["models"]:
+        raise ValueError(f"workflow.models: {_key!r} is not a key of models ({', '.join(config['models'])})")
 METHODS = list(config["methods"])
 SETTINGS = list(config["eval"]["settings"])
 BASE = "base"  # method and checkpoint key of the untrained model
@@ -46,11 +49,11 @@ def benchmarks():
 
 
 def curve_checkpoints():
-    """checkpoint-N for N = eval_every, 2 eval_every, ... <= train.max_steps (the accuracy-vs-step curve)."""
+    """checkpoint-N for N = eval_every, 2 eval_every, ... < train.max_steps (final is the curve's last point)."""
     every = WF.get("eval_every")
     if not every:
         return []
-    return [f"checkpoint-{n}" for n in range(every, int(config["train"]["max_steps"]) + 1, every)]
+    return [f"checkpoint-{n}" for n in range(every, int(config["train"]["max_steps"]), every)]
 
 
 def score_file(model, method, ckpt, benchmark, setting):
