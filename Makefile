@@ -24,9 +24,12 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" tests
 
+# make demo [DATA_DIR=../shared/data/benchmarks]: the miniature study, offline (arith; + the six real benchmarks'
+# first problems when DATA_DIR holds their <benchmark>.jsonl files).
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
-	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores all --configfile configs/tiny.yaml results/table.md
+	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores all --rerun-incomplete --configfile configs/tiny.yaml \
+	  $(if $(DATA_DIR),--config 'eval={data_dir: $(abspath $(DATA_DIR))}') -- results/table.md
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_objectives.py
