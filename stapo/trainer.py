@@ -431,6 +431,11 @@ def _prepare_resume(out: Path) -> Path | None:
 # --------------------------------------------------------------------------------------------------- build
 
 
+# transformers 5.x renamed gradient_checkpointing (deprecated alias kept until v6)
+_CHECKPOINTING_FIELD = ("activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__
+                        else "gradient_checkpointing")
+
+
 def grpo_config(plan: Plan, out: Path, num_processes: int = 1, **overrides) -> GRPOConfig:
     """Map the recipe onto ``trl.GRPOConfig`` (module docstring: batch semantics)."""
     s, obj = plan.settings, plan.objective
@@ -448,7 +453,7 @@ def grpo_config(plan: Plan, out: Path, num_processes: int = 1, **overrides) -> G
         epsilon=obj.eps_low, epsilon_high=obj.eps_high, mask_truncated_completions=False,
         use_vllm=s.use_vllm, vllm_mode=s.vllm_mode, vllm_gpu_memory_utilization=s.vllm_gpu_memory_utilization,
         vllm_importance_sampling_correction=False,  # policy_loss has no TIS term (the paper's verl runs had none)
-        bf16=s.bf16, gradient_checkpointing=s.gradient_checkpointing,
+        bf16=s.bf16, **{_CHECKPOINTING_FIELD: s.gradient_checkpointing},
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
         model_init_kwargs={"dtype": torch.bfloat16 if s.bf16 else torch.float32},
     )

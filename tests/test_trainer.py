@@ -1,0 +1,256 @@
+"""stapo train: recipe validation, the TRL mapping, the exact kept-token normaliser, runs of all four methods on
+bundled:tiny-qwen3 (CPU), checkpoints/final layout, and kill-and-resume equality."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(1)  # 2 shared cores: oversubscribed OpenMP threads make tiny matmuls ~100x slower
+
+from safetensors.torch import load_file  # noqa: E402
+
+import stapo.trainer as T  # noqa: E402
+from stapo.objectives import policy_loss  # noqa: E402
+from stapo.rewards import REWARDS  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = ("step", "loss", "reward_mean", "accuracy", "entropy_mean", "silenced_fraction", "candidate_fraction",
+          "kept_fraction", "clip_fraction", "grad_norm", "response_length_mean", "lr", "step_seconds")
+
+
+def coin_reward(prompts=None, completions=None, **kwargs):
+    """Deterministic ±1 that varies across a random model's completions (so advantages are non-zero)."""
+    return [1.0 if zlib.crc32(c.encode()) % 2 else -1.0 for c in completions]
+
+
+@pytest.fixture(autouse=True)
+def coin(monkeypatch):
+    monkeypatch.setitem(REWARDS, "coin", coin_reward)
+
+
+def tiny_recipe(**train) -> dict:
+    """configs/tiny.yaml scaled down to seconds per step on bundled:tiny-qwen3."""
+    recipe = T.load_recipe(ROOT / "configs" / "tiny.yaml")
+    recipe["train"].update(
+        dataset={"name": "synthetic-arith", "n": 16, "difficulty": 1, "seed": 0}, reward="coin", max_steps=2,
+        save_steps=1, learning_rate=1e-3, warmup_steps=0, prompts_per_generation=2, num_generations=4,
+        prompts_per_step=2, per_device_train_batch_size=4, max_completion_length=8,
+    )
+    recipe["train"].update(train)
+    return recipe
+
+
+def read_metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+# ------------------------------------------------------------------------------------------ validation (fast)
+
+
+@pytest.mark.parametrize(
+    "edit, key",
+    [
+        (lambda r: r["methods"].update(bogus={"objective": "ppo"}), "methods.bogus"),
+        (lambda r: r["methods"]["stapo"].update(tau_p=1.5), "tau_p"),
+        (lambda r: r["methods"]["stapo"].update(entropy_quantile=0.0), "entropy_quantile"),
+        (lambda r: r["methods"]["stapo"].update(tau=0.1), "methods.stapo"),
+        (lambda r: r["train"].update(dataset={"path": "/nonexistent/train.jsonl"}), "train.dataset.path"),
+        (lambda r: r["train"].update(per_device_train_batch_size=0), "train.per_device_train_batch_size"),
+        (lambda r: r["train"].update(num_generations=-2), "train.num_generations"),
+        (lambda r: r["train"].update(learning_rat=1e-6), "learning_rat"),
+        (lambda r: r["train"].update(reward="exact"), "train.reward"),
+        (lambda r: r["train"].update(save_steps=3, prompts_per_generation=8, prompts_per_step=4), "train.save_steps"),
+    ],
+)
+def test_recipe_errors_name_the_key(edit, key):
+    recipe = tiny_recipe()
+    edit(recipe)
+    method = "bogus" if "bogus" in recipe["methods"] else "stapo"
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        T.resolve_plan(recipe, "tiny-qwen3", method)
+
+
+def test_unknown_method_and_model_keys():
+    recipe = tiny_recipe()
+    with pytest.raises(ValueError, match="methods: unknown method 'ppo'"):
+        T.resolve_plan(recipe, "tiny-qwen3", "ppo")
+    with pytest.raises(ValueError, match="models: unknown model 'gpt2'"):
+        T.resolve_plan(recipe, "gpt2", "stapo")
+
+
+def test_paper_recipe_maps_to_trl_batches():
+    recipe = T.load_recipe(ROOT / "configs" / "paper.yaml")
+    assert set(recipe) >= {"study", "models", "methods", "train", "eval", "workflow"}
+    for model in recipe["models"]:
+        for method in recipe["methods"]:
+            T.resolve_plan(recipe, model, method)
+    plan = T.resolve_plan(recipe, "qwen3-8b-base", "stapo")
+    # 64 prompts x 8 rollouts per optimiser step over 8 GPUs x 1 completion; 4 optimiser steps per rollout batch
+    assert T.accumulation(plan.settings, 8) == (64, 256)
+    assert (plan.objective.tau_p, plan.objective.entropy_quantile) == (0.002, 0.75)
+    s = plan.settings
+    assert (s.learning_rate, s.warmup_steps, s.weight_decay, s.max_grad_norm) == (1e-6, 10, 0.1, 1.0)
+    assert (s.max_prompt_length, s.max_completion_length, s.use_vllm, s.vllm_mode) == (1024, 15360, True, "colocate")
+    grpo = T.resolve_plan(recipe, "qwen3-1.7b-base", "grpo").objective
+    assert (grpo.kl_beta, grpo.eps_high) == (0.04, 0.2)
+    assert T.resolve_plan(recipe, "qwen3-1.7b-base", "justrl").objective.kl_beta == 0.0
+    assert T.resolve_plan(recipe, "qwen3-14b-base", "stapo").settings.vllm_gpu_memory_utilization == 0.45
+
+
+def test_incomplete_checkpoint_is_never_picked(tmp_path):
+    good = tmp_path / "checkpoint-2"
+    good.mkdir()
+    for name in ("trainer_state.json", "model.safetensors", T.COMPLETE):
+        (good / name).write_text("x")
+    half = tmp_path / "checkpoint-4"
+    half.mkdir()
+    (half / "model.safetensors").write_text("x")  # killed before trainer_state.json / the sentinel
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in (1, 2, 3)))
+    assert T.latest_complete_checkpoint(tmp_path) == good
+    assert T._prepare_resume(tmp_path) == good
+    assert not half.exists()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+# ------------------------------------------------------------------------------- gradient accumulation (exact)
+
+
+def _micro_batch(trainer, prompt_len: int, lengths: list[int], advantages: list[float], seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    b, t = len(lengths), max(lengths)
+    completion_mask = torch.tensor([[1] * n + [0] * (t - n) for n in lengths])
+    return {
+        "prompt_ids": torch.randint(100, 5000, (b, prompt_len), generator=g),
+        "prompt_mask": torch.ones(b, prompt_len, dtype=torch.long),
+        "completion_ids": torch.randint(100, 5000, (b, t), generator=g),
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor(advantages),
+        "num_items_in_batch": torch.tensor(999),  # deliberately not the kept count: the rescale must fix it
+    }
+
+
+@pytest.mark.parametrize("method", ["stapo", "entropy20", "justrl"])
+def test_accumulated_gradient_is_the_exact_kept_token_mean(tmp_path, method):
+    """Two micro-batches through the trainer == Σ_j S_j / K with K the kept tokens of both (no second pass)."""
+    plan = T.resolve_plan(tiny_recipe(reward="dapo_strict"), "tiny-qwen3", method)
+    trainer = T.build_trainer(plan, tmp_path)
+    model = trainer.model
+    model.train()
+    trainer.current_gradient_accumulation_steps = 2  # set by Trainer.train()
+    batches = [_micro_batch(trainer, 5, [6, 3, 6, 2], [1.0, -0.5, 0.8, 0.3], 0),
+               _micro_batch(trainer, 5, [4, 6, 1, 5], [0.6, 1.2, -1.0, 0.9], 1)]
+    model.zero_grad()
+    for inputs in batches:
+        trainer._compute_loss(model, inputs).backward()
+    trainer._close_window(model)
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    model.zero_grad()
+    parts, kept = [], 0.0
+    for inputs in batches:  # reference: the objective's own masks, one global denominator
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        logps, ent, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, inputs["completion_ids"].size(1),
+                                                                   compute_entropy=True)
+        parts.append((logps, ent, inputs))
+        _, m = policy_loss(plan.objective, logps=logps, old_logps=logps.detach(), advantages=inputs["advantages"],
+                           entropies=ent, completion_mask=inputs["completion_mask"])
+        kept += m["kept_fraction"] * float(inputs["completion_mask"].sum())
+    total = sum(policy_loss(plan.objective, logps=lp, old_logps=lp.detach(), advantages=i["advantages"],
+                            entropies=e, completion_mask=i["completion_mask"], token_normalizer=round(kept))[0]
+                for lp, e, i in parts)
+    total.backward()
+    if method == "stapo":
+        assert 0 < kept < 35  # something was silenced: random-init tokens all have p < τ_p
+    for name, g in got.items():
+        ref = model.get_parameter(name).grad  # equal up to fp32 summation order
+        torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()) + 1e-12,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+
+
+# ---------------------------------------------------------------------------------------- end-to-end (slow)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["grpo", "entropy20", "justrl", "stapo"])
+def test_each_method_trains_and_writes_outputs(tmp_path, coin, method):
+    plan = T.resolve_plan(tiny_recipe(), "tiny-qwen3", method)
+    final = T.train(plan, tmp_path)
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert set(FIELDS) <= set(row), set(FIELDS) - set(row)
+        assert all(row[k] is not None and row[k] == row[k] for k in FIELDS), row
+        assert row["response_length_mean"] <= 8 and row["entropy_mean"] > 5.0  # random init: near-uniform
+        assert -1.0 <= row["reward_mean"] <= 1.0 and row["accuracy"] == pytest.approx((row["reward_mean"] + 1) / 2)
+        assert 0.0 <= row["silenced_fraction"] <= row["candidate_fraction"] <= 1.0
+        assert row["lr"] == pytest.approx(1e-3) and row["grad_norm"] > 0
+    if method == "stapo":
+        assert any(r["silenced_fraction"] > 0 for r in rows)
+        assert all(r["kept_fraction"] == pytest.approx(1 - r["silenced_fraction"]) for r in rows)
+    if method == "entropy20":
+        assert all(0.15 < r["kept_fraction"] < 0.35 for r in rows)
+    if method in ("justrl", "grpo"):
+        assert all(r["kept_fraction"] == 1.0 and r["silenced_fraction"] == 0.0 for r in rows)
+    # layout: checkpoints every save_step (HF format + tokenizer, complete), final/, resolved config
+    for step in (1, 2):
+        ckpt = tmp_path / f"checkpoint-{step}"
+        assert T._is_complete(ckpt) and (ckpt / "tokenizer.json").exists() and (ckpt / "optimizer.pt").exists()
+    assert final == tmp_path / "final" and (final / "config.json").exists() and (final / "tokenizer.json").exists()
+    resolved = T.yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert resolved["method"]["method"] == method and resolved["trl"]["gradient_accumulation_steps"] == 2
+    # weights change after one step
+    from stapo.models import resolve_model
+
+    before = weights(Path(resolve_model(plan.model_spec)))
+    after = weights(tmp_path / "checkpoint-1")
+    changed = [n for n in before if not torch.equal(before[n], after[n])]
+    assert len(changed) >= len(before) // 2, changed
+
+
+class _Kill(Exception):
+    """Stands in for SIGKILL in the middle of an optimiser step."""
+
+
+@pytest.mark.slow
+def test_resume_after_kill_gives_identical_weights(tmp_path, coin):
+    from transformers import TrainerCallback
+
+    plan = T.resolve_plan(tiny_recipe(max_steps=3), "tiny-qwen3", "stapo")
+    straight = T.train(plan, tmp_path / "straight")
+
+    class KillAtStep2(TrainerCallback):  # dies inside step 2, after checkpoint-1 was written
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                raise _Kill()
+
+    out = tmp_path / "killed"
+    trainer = T.build_trainer(plan, out, callbacks=[T.MetricsJsonl(out / "metrics.jsonl"), T.CheckpointSentinel(),
+                                                    KillAtStep2()])
+    with pytest.raises(_Kill):
+        trainer.train()
+    del trainer
+    assert [r["step"] for r in read_metrics(out)] == [1] and not (out / "final").exists()
+    (out / "checkpoint-2").mkdir()  # a half-written checkpoint from the kill
+    (out / "checkpoint-2" / "model.safetensors").write_bytes(b"garbage")
+
+    resumed = T.train(plan, out)  # the same command again
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+    a, b = weights(straight), weights(resumed)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    first, again = read_metrics(tmp_path / "straight"), read_metrics(out)
+    assert [r["reward_mean"] for r in first] == [r["reward_mean"] for r in again]
