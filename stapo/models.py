@@ -70,7 +70,11 @@ def _smollm2(tmp: Path) -> None:
     tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
     gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
     # save_pretrained refuses GGUF-loaded models: copy the dequantised weights into a fresh model.
-    model = AutoModelForCausalLM.from_config(gguf_model.config)
+    config = gguf_model.config
+    # The weights are dequantised: drop the GGUF quantization_config, or Trainer refuses to fine-tune the model.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(gguf_model.state_dict())
     model.generation_config = gguf_model.generation_config
     model.save_pretrained(tmp)
@@ -102,6 +106,19 @@ def _tiny_qwen3(tmp: Path, size: dict) -> None:
     tok.save_pretrained(tmp)
 
 
+def _unquantized(model_dir: Path) -> Path:
+    """Repair a conversion cached by an older version whose config.json kept the GGUF quantization_config."""
+    import json
+
+    from stapo.atomic import atomic_write_json
+
+    config_path = model_dir / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    if config.pop("quantization_config", None) is not None:
+        atomic_write_json(config_path, config)
+    return model_dir
+
+
 def _tiny_size(query: str) -> dict:
     size = dict(TINY_QWEN3_DEFAULTS)
     for key, value in parse_qsl(query, strict_parsing=bool(query)):
@@ -116,7 +133,7 @@ def resolve_model(spec: str) -> str:
     if spec.startswith("bundled:"):
         name, _, query = spec[len("bundled:") :].partition("?")
         if name == "smollm2-135m-instruct":
-            return str(_build_atomically(cache_dir() / "smollm2-135m-instruct", _smollm2))
+            return str(_unquantized(_build_atomically(cache_dir() / "smollm2-135m-instruct", _smollm2)))
         if name == "tiny-qwen3":
             size = _tiny_size(query)
             tag = "-".join(f"{k}{v}" for k, v in sorted(size.items()))
