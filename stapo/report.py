@@ -115,7 +115,7 @@ def _ordered(keys, preferred):
 def _layout(scores: list[Score], study: dict) -> dict[str, dict]:
     """Per model: the methods (rows), benchmarks (columns) and the table's cells {(method, bench, setting): Score}."""
     models = _ordered({s.model for s in scores}, list(study.get("models", {})))
-    method_order = ["base"] + list(study.get("methods", {})) + list(METHOD_NAMES)
+    method_order = list(METHOD_NAMES) + list(study.get("methods", {}))  # the paper's row order first
     layout = {}
     for model in models:
         cells = {(s.method, s.benchmark, s.setting): s for s in scores
@@ -395,7 +395,7 @@ def write_report(scores_dir, runs_dir, out_dir, study: dict | None = None, paper
     models = selected or _ordered(set(layout) | {m for m, _ in metrics} | set(study.get("models", {})),
                                   list(study.get("models", {})))
     methods = _ordered({m for _, m in metrics} | {s.method for s in scores} | set(study.get("methods", {})),
-                       list(study.get("methods", {})) + list(METHOD_NAMES))
+                       list(METHOD_NAMES) + list(study.get("methods", {})))
     write_figures(out_dir, models, methods, scores, metrics)
     return layout
 

@@ -145,14 +145,16 @@ def test_tiny_dag_end_to_end(tmp_path):
     model = "tiny-qwen3" if "tiny-qwen3" in study["models"] else next(iter(study["models"]))  # fastest
     study["workflow"] = {**study.get("workflow", {}), "models": [model], "eval_every": None}
     cfg = tmp_path / "tiny-ci.yaml"  # a whole file, not an overlay: Snakemake would merge the benchmark maps
-    cfg.write_text(yaml.safe_dump(study))
+    cfg.write_text(yaml.safe_dump(study, sort_keys=False))
     res = snakemake("--cores", "2", "--configfile", cfg, "--", "results/table.md", cwd=tmp_path, timeout=900)
     assert res.returncode == 0, res.stderr[-5000:]
     table = (tmp_path / "results" / "table.md").read_text()
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")[1:]]
             for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Method")}
-    assert set(rows) == {"Base", "GRPO", "20-Entropy", "JustRL", "STAPO"}
+    assert list(rows) == ["Base", "GRPO", "20-Entropy", "JustRL", "STAPO"]
     assert all(re.match(r"^\d+\.\d{2} \(\d+\.\d{2}\)$", c) for cells in rows.values() for c in cells), table
     for kind in ("entropy", "reward", "accuracy", "silenced"):
         for ext in ("png", "pdf"):
             assert (tmp_path / "results" / "figures" / f"{model}_{kind}.{ext}").stat().st_size > 0
+    res = snakemake("--configfile", cfg, "--report", "report.html", "--", "results/table.md", cwd=tmp_path)
+    assert res.returncode == 0 and (tmp_path / "report.html").stat().st_size > 0, res.stderr[-3000:]
