@@ -218,13 +218,31 @@ class ResumableLM(_lm_base()):
         raise NotImplementedError("stapo eval only generates")
 
 
+def _hf_pretrained(model_path: str):
+    """``model_path``, or the loaded model when its config.json still carries a GGUF ``quantization_config``.
+
+    A dequantised GGUF conversion (bundled:smollm2-135m-instruct) keeps that block; lm-eval's HFLM passes the config
+    object to ``from_pretrained``, which then demands the GGUF file. A plain ``from_pretrained(dir)`` loads the
+    saved (dequantised) weights, so we load it ourselves and hand HFLM the model instance.
+    """
+    config = Path(model_path) / "config.json"
+    quant = json.loads(config.read_text()).get("quantization_config") if config.exists() else None
+    if not (isinstance(quant, dict) and quant.get("quant_method") == "gguf"):
+        return model_path
+    from transformers import AutoModelForCausalLM
+
+    log.warning("%s: config.json has a GGUF quantization_config; loading the saved weights directly", model_path)
+    return AutoModelForCausalLM.from_pretrained(model_path).eval()
+
+
 def build_lm(cfg: EvalConfig, model_path: str):
     """lm-eval's ``hf`` (CPU) or ``vllm`` (GPU) model for ``model_path``."""
     from lm_eval.api.registry import get_model
 
     max_len = cfg.max_new_tokens + MAX_PROMPT_TOKENS
     if cfg.backend == "hf":
-        args = {"pretrained": model_path, "max_length": max_len, **cfg.backend_args}
+        args = {"pretrained": _hf_pretrained(model_path), "tokenizer": model_path, "max_length": max_len,
+                **cfg.backend_args}
         batch_size = args.pop("batch_size", 8)
         return get_model("hf").create_from_arg_obj(args, {"batch_size": batch_size, "device": "cpu"})
     args = {"pretrained": model_path, "max_model_len": max_len, "seed": cfg.seed, **cfg.backend_args}

@@ -20,13 +20,15 @@ CASES = [
     ("113", "113", True), ("\\$113", "113", True), ("27", "27", True), ("-27", "27", False),
     ("70", "70", True), ("7", "70", False), ("36", "36", True), ("3.6", "36", False),
     # fractions / decimals / \dfrac vs \frac
-    ("\\dfrac{14}{3}", "\\frac{14}{3}", True), ("14/3", "\\frac{14}{3}", True), ("\\frac{28}{6}", "\\frac{14}{3}", True),
-    ("4.67", "\\frac{14}{3}", False), ("\\frac{3}{56}", "\\frac{3}{56}", True), ("\\tfrac{3}{56}", "\\frac{3}{56}", True),
+    ("\\dfrac{14}{3}", "\\frac{14}{3}", True), ("14/3", "\\frac{14}{3}", True),
+    ("\\frac{28}{6}", "\\frac{14}{3}", True), ("4.67", "\\frac{14}{3}", False),
+    ("\\frac{3}{56}", "\\frac{3}{56}", True), ("\\tfrac{3}{56}", "\\frac{3}{56}", True),
     ("\\frac{56}{3}", "\\frac{3}{56}", False), ("1.25", "1.25", True), ("\\frac{5}{4}", "1.25", True),
     ("\\frac54", "1.25", True), ("1.2", "1.25", False), ("0.15", "0.15", True), ("\\frac{3}{20}", "0.15", True),
     ("0.150", "0.15", True), ("\\frac{3}{2}", "\\frac{3}{2}", True), ("1.5", "\\frac{3}{2}", True),
     ("\\frac{2}{3}", "\\frac{3}{2}", False), ("\\frac{243}{625}", "\\frac{243}{625}", True),
-    ("0.3888", "\\frac{243}{625}", True), ("\\frac{35}{64}", "\\frac{35}{64}", True), ("\\frac{35}{63}", "\\frac{35}{64}", False),
+    ("0.3888", "\\frac{243}{625}", True), ("\\frac{35}{64}", "\\frac{35}{64}", True),
+    ("\\frac{35}{63}", "\\frac{35}{64}", False),
     # radicals, pi
     ("3\\sqrt{13}", "3\\sqrt{13}", True), ("\\sqrt{117}", "3\\sqrt{13}", True), ("3\\sqrt{12}", "3\\sqrt{13}", False),
     ("\\sqrt{51}", "\\sqrt{51}", True), ("11\\sqrt{2}", "11\\sqrt2", True), ("\\sqrt{242}", "11\\sqrt2", True),
@@ -38,7 +40,8 @@ CASES = [
     ("45^\\circ", "90^\\circ", False),
     # tuples / points / intervals
     ("\\left( 3, \\frac{\\pi}{2} \\right)", "\\left( 3, \\frac{\\pi}{2} \\right)", True),
-    ("(3, \\pi/2)", "\\left( 3, \\frac{\\pi}{2} \\right)", True), ("(3, \\pi)", "\\left( 3, \\frac{\\pi}{2} \\right)", False),
+    ("(3, \\pi/2)", "\\left( 3, \\frac{\\pi}{2} \\right)", True),
+    ("(3, \\pi)", "\\left( 3, \\frac{\\pi}{2} \\right)", False),
     ("(6,31,-1)", "(6,31,-1)", True), ("(6,-1,31)", "(6,31,-1)", False), ("(-2,1)", "(-2,1)", True),
     ("(-2, 1)", "(-2,1)", True), ("(1,-2)", "(-2,1)", False), ("[-2,1]", "[-2,1]", True), ("(-2,1]", "[-2,1]", False),
     # multiple answers

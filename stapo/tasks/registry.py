@@ -134,7 +134,8 @@ def load_rows(name: str, data_dir: str | Path | None = None, *, n: int | None = 
     else:
         rows = _hub_rows(name, bench)
     if bench.expected_rows and len(rows) not in bench.expected_rows:
-        log.warning("benchmark %r has %d rows; expected %s", name, len(rows), " or ".join(map(str, bench.expected_rows)))
+        expected = " or ".join(map(str, bench.expected_rows))
+        log.warning("benchmark %r has %d rows; expected %s", name, len(rows), expected)
     return rows
 
 

@@ -1,0 +1,146 @@
+"""Benchmark of stapo.grading.grade: throughput against sequential math-verify, and the adversarial batch.
+
+    .venv/bin/python benchmarks/bench_grading.py [--data-dir ../shared/data/benchmarks] [--pairs 2000]
+                                                 [--workers N] [--timeout 5] [--json OUT.json]
+
+1. 2,000 (completion, gold) pairs built from the golds of the six benchmark files: a third correct (gold boxed
+   verbatim), a third reformatted (\\dfrac, trailing ".0", spacing, \\left( \\right), degrees), a third wrong
+   (perturbed gold). Each completion has ~600 characters of reasoning before the box. Timed: ``grade()`` (process
+   pool; once cold, including the forkserver start, and once warm) vs the same work sequentially in one process
+   (``grade_one`` in the main thread), and vs plain math-verify defaults (``parse`` + ``verify``) for reference.
+   Target: >= 1.8x speed-up on 2 cores.
+2. 50 adversarial completions (1 MB of text, ``9^{9^{9^{9}}}``, 500-deep nested braces, ``__import__('os')...``
+   payloads). Target: done within 50 x timeout / workers + 10 s, and /tmp/pwned never created.
+
+Figures (2026-12-02, 2 shared CPU cores, other jobs running; see the report of issue 4): filled in by the run below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+PWNED = Path("/tmp/pwned")
+FILES = ["aime24", "aime25", "amc23", "math500", "minerva_math", "olympiadbench"]
+FILLER = ("Let us reason step by step. First we set up the equation from the statement and simplify both sides; "
+          "then we check the boundary cases, and verify the result by substituting it back. ") * 3
+
+
+def load_golds(data_dir: Path) -> list[str]:
+    golds = []
+    for name in FILES:
+        with open(data_dir / f"{name}.jsonl", encoding="utf-8") as f:
+            golds += [json.loads(line)["answer"] for line in f if line.strip()]
+    return golds
+
+
+def reformat(gold: str, rng: random.Random) -> str:
+    """An equivalent spelling of ``gold`` (falls back to extra spaces)."""
+    if gold.isdigit():
+        return rng.choice([f"{gold}.0", f"{gold}.00", f" {gold} "])
+    if "\\frac" in gold:
+        return gold.replace("\\frac", "\\dfrac")
+    if gold.startswith("(") and gold.endswith(")"):
+        return "\\left" + gold[:-1] + "\\right)"
+    if gold.endswith("^\\circ"):
+        return gold[: -len("^\\circ")]
+    return " ".join(gold)
+
+
+def perturb(gold: str, rng: random.Random) -> str:
+    """A (very likely) wrong answer near ``gold``."""
+    if gold.isdigit():
+        return str(int(gold) + rng.randint(1, 9))
+    if "\\frac" in gold:
+        return gold.replace("\\frac", "\\frac{2}", 1) if rng.random() < 0.5 else "-(" + gold + ")"
+    return gold + "+1"
+
+
+def make_pairs(golds: list[str], n: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    rng = random.Random(seed)
+    completions, answers = [], []
+    for i in range(n):
+        gold = rng.choice(golds)
+        answer = [gold, reformat(gold, rng), perturb(gold, rng)][i % 3]
+        completions.append(f"{FILLER}Therefore the final answer is $\\boxed{{{answer}}}$.")
+        answers.append(gold)
+    return completions, answers
+
+
+def adversarial(n: int = 50) -> tuple[list[str], list[str]]:
+    payload = "__import__('os').system('touch /tmp/pwned')"
+    kinds = [
+        "x" * 1_000_000 + "\\boxed{1}",
+        "\\boxed{9^{9^{9^{9}}}}",
+        "\\boxed{" + "{" * 500 + "1" + "}" * 500 + "}",
+        f"\\boxed{{{payload}}}",
+        f"The answer is ${payload}$",
+        payload,
+        "\\boxed{" + "9^{" * 50 + "9" + "}" * 50 + "}",
+        "{" * 500 + "\\boxed{2}",
+        "\\boxed{eval(compile('import os; os.system(\"touch /tmp/pwned\")','x','exec'))}",
+        "\\boxed{10^{10^{10^{10}}}!}",
+    ]
+    completions = [kinds[i % len(kinds)] for i in range(n)]
+    return completions, ["1"] * n
+
+
+def raw_math_verify(completions: list[str], golds: list[str]) -> int:
+    from math_verify import parse, verify
+
+    return sum(bool(verify(parse(f"${g}$"), parse(c))) for c, g in zip(completions, golds))
+
+
+def timed(fn, *args, **kw):
+    t = time.perf_counter()
+    out = fn(*args, **kw)
+    return out, time.perf_counter() - t
+
+
+def main() -> None:
+    from stapo.grading import default_workers, grade, grade_one
+
+    here = Path(__file__).resolve()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data-dir", type=Path, default=here.parents[2] / "shared" / "data" / "benchmarks")
+    p.add_argument("--pairs", type=int, default=2000)
+    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--json", type=Path, help="also write the figures here")
+    args = p.parse_args()
+    workers = args.workers or default_workers()
+
+    comps, golds = make_pairs(load_golds(args.data_dir), args.pairs)
+    cold, t_cold = timed(grade, comps, golds, timeout=args.timeout, workers=workers)
+    warm, t_warm = timed(grade, comps, golds, timeout=args.timeout, workers=workers)
+    seq, t_seq = timed(lambda: [grade_one(c, g, args.timeout) for c, g in zip(comps, golds)])
+    raw_ok, t_raw = timed(raw_math_verify, comps, golds)
+    assert [g.correct for g in warm] == [g.correct for g in seq], "pool and sequential verdicts differ"
+
+    PWNED.unlink(missing_ok=True)
+    adv, adv_golds = adversarial(50)
+    adv_grades, t_adv = timed(grade, adv, adv_golds, timeout=args.timeout, workers=workers)
+    budget = 50 * args.timeout / workers + 10
+    status = {s: sum(g.status == s for g in adv_grades) for s in ("ok", "timeout", "unparsable", "error")}
+    figures = {
+        "pairs": len(comps), "workers": workers, "timeout_s": args.timeout,
+        "correct_verdicts": sum(g.correct for g in warm),
+        "grade_cold_answers_per_s": len(comps) / t_cold, "grade_warm_answers_per_s": len(comps) / t_warm,
+        "sequential_grade_one_answers_per_s": len(comps) / t_seq,
+        "raw_math_verify_defaults_answers_per_s": len(comps) / t_raw, "raw_math_verify_correct": raw_ok,
+        "speedup_cold": t_seq / t_cold, "speedup_warm": t_seq / t_warm,
+        "adversarial_seconds": t_adv, "adversarial_budget_seconds": budget, "adversarial_status": status,
+        "adversarial_any_correct": any(g.correct for g in adv_grades), "pwned_file_created": PWNED.exists(),
+    }
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    ok = figures["speedup_warm"] >= 1.8 and t_adv <= budget and not PWNED.exists()
+    print("targets met" if ok else "TARGETS NOT MET (speed-up >= 1.8x, adversarial within budget, nothing executed)")
+
+
+if __name__ == "__main__":
+    main()
