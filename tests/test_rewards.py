@@ -1,0 +1,87 @@
+"""Rewards: last-\\boxed{} extraction, the paper's DAPO strict verifier (±1, last 300 characters), math-verify
+(±1 / 1-0) including calls from a worker thread, where math-verify's SIGALRM timeouts cannot work."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from stapo.rewards import DAPO_TAIL_CHARS, dapo_strict, get_reward, last_boxed, math_verify, math_verify_01, \
+    normalize_answer
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"so \boxed{42}.", "42"),
+        (r"\boxed{1} then \boxed{2}", "2"),
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+        (r"\boxed{\left\{ 1, \{2\} \right\}}", r"\left\{ 1, \{2\} \right\}"),
+        (r"$\boxed 7$ done", "7"),
+        (r"\fbox{x+1}", "x+1"),
+        (r"\boxed{3} and later \fbox{4}", "4"),
+        (r"\boxed {5}", "5"),
+        (r"\boxed{unclosed", None),
+        ("no box here", None),
+        ("", None),
+    ],
+)
+def test_last_boxed(text, expected):
+    assert last_boxed(text) == expected
+
+
+@pytest.mark.parametrize(
+    "raw, norm",
+    [(" $42$ ", "42"), (r"\text{42}", "42"), (r"\dfrac{1}{2}", r"\frac{1}{2}"), ("1,000", "1000"), ("12.", "12"),
+     (r"\left( 1, 2 \right)", "(1,2)"), ("3, 4", "3,4")],
+)
+def test_normalize_answer(raw, norm):
+    assert normalize_answer(raw) == norm
+
+
+def test_dapo_strict_known_strings():
+    filler = "x" * DAPO_TAIL_CHARS
+    completions = [
+        r"Adding gives \boxed{42}.",                  # correct
+        r"\boxed{41}",                                # wrong value
+        "The answer is 42.",                          # no box: −1 even though the number is right
+        r"\boxed{42}" + filler,                       # box before the last 300 characters: −1
+        filler + r"\boxed{42}",                       # box inside the last 300 characters: +1
+        r"\boxed{42} hmm, no: \boxed{43}",            # the LAST box counts
+        r"\boxed{1,000}",                             # light normalisation against gold "1000"
+        r"\boxed{\dfrac{1}{2}}",                      # dfrac == frac, but 0.5 would not be (string match)
+        r"\boxed{0.5}",
+    ]
+    gold = ["42", "42", "42", "42", "42", "42", "1000", r"\frac{1}{2}", r"\frac{1}{2}"]
+    assert dapo_strict(prompts=None, completions=completions, answer=gold) == [1, -1, -1, -1, 1, -1, 1, 1, -1]
+
+
+def test_dapo_strict_conversational_completions():
+    completions = [[{"role": "assistant", "content": r"\boxed{7}"}], [{"role": "assistant", "content": "7"}]]
+    assert dapo_strict(completions=completions, answer=["7", "7"]) == [1.0, -1.0]
+
+
+def test_math_verify_values_and_equivalence():
+    completions = [r"\boxed{\frac{1}{2}}", r"so it is \boxed{0.5}", r"\boxed{3}", "the sum is 16", "no answer"]
+    gold = ["0.5", r"\frac{1}{2}", "4", "16", "2"]
+    assert math_verify(completions=completions, answer=gold) == [1.0, 1.0, -1.0, 1.0, -1.0]
+    assert math_verify_01(completions=completions, answer=gold) == [1.0, 1.0, 0.0, 1.0, 0.0]
+
+
+def test_math_verify_is_safe_in_a_worker_thread():
+    """TRL/Snakemake may call rewards off the main thread; math-verify's SIGALRM would raise there."""
+    out = {}
+    thread = threading.Thread(target=lambda: out.update(r=math_verify(completions=[r"\boxed{2/4}", r"\boxed{3}"],
+                                                                      answer=["1/2", "4"])))
+    thread.start()
+    thread.join(timeout=120)
+    assert out["r"] == [1.0, -1.0]
+
+
+def test_reward_registry_names_the_key():
+    assert get_reward("dapo_strict") is dapo_strict
+    with pytest.raises(ValueError, match="train.reward"):
+        get_reward("exact")
+    with pytest.raises(ValueError, match="answer"):
+        dapo_strict(completions=["x"])
