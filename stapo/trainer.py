@@ -413,9 +413,22 @@ def latest_complete_checkpoint(out: str | os.PathLike) -> Path | None:
 
 
 def _prepare_resume(out: Path) -> Path | None:
-    """Pick the resume checkpoint; drop newer half-written checkpoints and metrics lines past its step."""
+    """Pick the resume checkpoint; drop newer half-written checkpoints and metrics lines past its step.
+
+    Every rank picks the same checkpoint; only the main process deletes and rewrites (then all ranks wait).
+    """
+    from accelerate import PartialState
+
+    state = PartialState()
     ckpt = latest_complete_checkpoint(out)
-    step = int(ckpt.name.split("-")[1]) if ckpt else 0
+    if state.is_main_process:
+        _clean_after(out, int(ckpt.name.split("-")[1]) if ckpt else 0)
+    state.wait_for_everyone()
+    return ckpt
+
+
+def _clean_after(out: Path, step: int) -> None:
+    """Remove checkpoints newer than ``step`` or incomplete, and metrics.jsonl lines past ``step``."""
     for n, path in _checkpoints(out):
         if n > step or not _is_complete(path):
             log.warning("removing incomplete checkpoint %s", path)
@@ -425,7 +438,6 @@ def _prepare_resume(out: Path) -> Path | None:
         kept = [line for line in metrics.read_text(encoding="utf-8").splitlines()
                 if line.strip() and json.loads(line)["step"] <= step]
         atomic_write(metrics, "".join(line + "\n" for line in kept))
-    return ckpt
 
 
 # --------------------------------------------------------------------------------------------------- build

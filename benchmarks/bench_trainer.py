@@ -1,0 +1,106 @@
+"""Overhead of ``stapo train`` over plain TRL: median optimiser-step time and peak RSS.
+
+Variants, same model, data, batch and generation settings (configs/tiny.yaml scaled down, bundled:tiny-qwen3):
+    trl-dapo      trl.GRPOTrainer with loss_type="dapo" (the JustRL objective inside TRL)
+    stapo-justrl  stapo.trainer.StapoGRPOTrainer, method justrl
+    stapo-stapo   stapo.trainer.StapoGRPOTrainer, method stapo (S2T mask)
+Each trial is a fresh subprocess (so peak RSS is per variant); trials are interleaved round-robin so machine load
+drifts hit every variant alike. The reward is a deterministic coin on the completion text so that advantages are
+non-zero and the S2T mask does real work. Target: ratios ≤ 1.05.
+
+    python benchmarks/bench_trainer.py [--rounds 3] [--steps 4] [--model bundled:tiny-qwen3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+
+VARIANTS = ("trl-dapo", "stapo-justrl", "stapo-stapo")
+
+
+def coin(prompts=None, completions=None, **kwargs):
+    return [1.0 if zlib.crc32(c.encode()) % 2 else -1.0 for c in completions]
+
+
+def worker(variant: str, steps: int, model: str) -> dict:
+    """One trial: build the trainer, run ``steps`` optimiser steps, report per-step seconds and peak RSS."""
+    import torch
+    from transformers import TrainerCallback
+
+    import stapo.trainer as T
+    from stapo.rewards import REWARDS
+
+    torch.set_num_threads(1)
+    REWARDS["coin"] = coin
+    recipe = T.load_recipe(os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.yaml"))
+    recipe["models"]["bench"] = {"spec": model}
+    recipe["train"].update(dataset={"name": "synthetic-arith", "n": 64, "difficulty": 1, "seed": 0}, reward="coin",
+                           max_steps=steps, save_steps=10_000, warmup_steps=0, prompts_per_generation=4,
+                           num_generations=4, prompts_per_step=4, per_device_train_batch_size=8,
+                           max_completion_length=16)
+    method = "justrl" if variant in ("trl-dapo", "stapo-justrl") else "stapo"
+    plan = T.resolve_plan(recipe, "bench", method)
+
+    times: list[float] = []
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            times.append(time.perf_counter() - self.t0)
+
+    with tempfile.TemporaryDirectory() as out:
+        trainer = T.build_trainer(plan, out, plain=variant == "trl-dapo", callbacks=[StepClock()], disable_tqdm=True)
+        trainer.train()
+    return {"variant": variant, "step_seconds": times,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _trial(variant: str, steps: int, model: str) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    proc = subprocess.run([sys.executable, __file__, "--worker", variant, "--steps", str(steps), "--model", model],
+                          capture_output=True, text=True, env=env, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"{variant} trial failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=4, help="optimiser steps per trial (the first is dropped)")
+    p.add_argument("--model", default="bundled:tiny-qwen3")
+    p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.steps, args.model)))
+        return 0
+    steps = {v: [] for v in VARIANTS}
+    rss = {v: [] for v in VARIANTS}
+    for r in range(args.rounds):
+        for v in VARIANTS:
+            result = _trial(v, args.steps, args.model)
+            steps[v] += result["step_seconds"][1:]  # drop the first step (allocator / lazy-init warm-up)
+            rss[v].append(result["peak_rss_mb"])
+            print(f"round {r + 1}/{args.rounds} {v:13s} steps {['%.2f' % s for s in result['step_seconds']]} "
+                  f"peak RSS {result['peak_rss_mb']:.0f} MB", flush=True)
+    base_t, base_m = statistics.median(steps["trl-dapo"]), statistics.median(rss["trl-dapo"])
+    print(f"\n{'variant':13s} {'median step s':>14s} {'ratio':>6s} {'peak RSS MB':>12s} {'ratio':>6s}  (n steps)")
+    for v in VARIANTS:
+        t, m = statistics.median(steps[v]), statistics.median(rss[v])
+        print(f"{v:13s} {t:14.3f} {t / base_t:6.3f} {m:12.0f} {m / base_m:6.3f}  ({len(steps[v])})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
