@@ -314,15 +314,13 @@ class StapoGRPOTrainer(GRPOTrainer):
         n_tokens, kept = sums[len(STEP_METRICS)], sums[len(STEP_METRICS) + 1]
         for i, key in enumerate(STEP_METRICS):
             self._metrics["train"][key].append(float(sums[i] / n_tokens.clamp(min=1.0)))
-        local_loss_sum = sums[-1]
-        if self.objective.method == "grpo":
-            objective_loss = float(local_loss_sum) / self.accelerator.num_processes
-        elif self._deepspeed:
-            objective_loss = float(local_loss_sum) / self.accelerator.num_processes
+        loss_sum, world = sums[-1], self.accelerator.num_processes  # Σ over ranks and micro-batches
+        if self.objective.method == "grpo" or self._deepspeed:
+            objective_loss = float(loss_sum) / world  # already scaled per micro-batch: the ranks' mean
         else:
-            c, world = w["c"], self.accelerator.num_processes
-            # Σ_j S_j = Σ_j loss_j · c; exact loss Σ S / K; gradients × c·W / K (module docstring)
-            objective_loss = float(local_loss_sum * c / kept.clamp(min=1.0))
+            # each micro-batch back-propagated S_j / c: the exact loss is Σ S / K and the gradients need × c·W / K
+            c = w["c"]
+            objective_loss = float(loss_sum * c / kept.clamp(min=1.0))
             factor = float(c * world / kept) if float(kept) > 0 else 1.0
             for p in model.parameters():
                 if p.grad is not None:

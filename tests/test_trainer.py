@@ -3,7 +3,6 @@ bundled:tiny-qwen3 (CPU), checkpoints/final layout, and kill-and-resume equality
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import zlib
