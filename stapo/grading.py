@@ -28,6 +28,7 @@ import os
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from multiprocessing.connection import wait
 
 from stapo.rewards import last_boxed, normalize_answer
@@ -68,6 +69,12 @@ def _parse_latex(text: str, seconds: int):
     return parse(text, extraction_config=[LatexExtractionConfig(boxed_match_priority=0)], parsing_timeout=seconds)
 
 
+@lru_cache(maxsize=4096)
+def _parse_gold(gold: str, seconds: int):
+    """Gold answers repeat N times per problem (avg@N): parse each once per worker."""
+    return _parse_latex(f"${gold}$", seconds)
+
+
 def grade_one(completion: str, gold: str, timeout: float = 5.0) -> Grade:
     """Grade one completion in THIS process (math-verify's SIGALRM timeouts: call from a main thread).
 
@@ -80,7 +87,7 @@ def grade_one(completion: str, gold: str, timeout: float = 5.0) -> Grade:
     boxed = last_boxed(tail)
     pred = _parse_latex(f"${boxed}$" if boxed is not None else tail, seconds)
     extracted = boxed if boxed is not None else (str(pred[-1]) if pred else None)
-    gold_parsed = _parse_latex(f"${gold}$", seconds)
+    gold_parsed = _parse_gold(str(gold), seconds)
     if not pred or not gold_parsed:
         # Not parsable as LaTeX (e.g. "\text{Evelyn}" vs a name): fall back to the normalised string match.
         if extracted is not None and normalize_answer(extracted) == normalize_answer(str(gold)):
