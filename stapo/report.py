@@ -39,6 +39,7 @@ BENCHMARKS = {"aime24": "AIME24", "aime25": "AIME25", "amc23": "AMC23", "math500
               "minerva": "Minerva", "olympiadbench": "OlympiadBench", "arith": "Arith"}
 PAPER_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
 SETTINGS = ("t1.0_p1.0", "t0.7_p0.9")  # cell = "first (second)"
+SETTING_LABELS = {"t1.0_p1.0": "T1.0", "t0.7_p0.9": "T0.7"}
 FIGURE_KINDS = ("entropy", "reward", "accuracy", "silenced")
 TABLE_CKPTS = ("final", "base")
 
@@ -100,7 +101,8 @@ def load_metrics(runs_dir: str | Path) -> dict[tuple[str, str], list[dict]]:
 def load_paper(path: str | Path = PAPER_CSV) -> dict[tuple[str, str, str, str], float]:
     """The paper's v2 Table 2: ``(paper model, paper method, benchmark|avg, setting) -> accuracy``."""
     with open(path, newline="", encoding="utf-8") as f:
-        return {(r["model"], r["method"], r["benchmark"], r["setting"]): float(r["accuracy"]) for r in csv.DictReader(f)}
+        rows = list(csv.DictReader(f))
+    return {(r["model"], r["method"], r["benchmark"], r["setting"]): float(r["accuracy"]) for r in rows}
 
 
 # ---------------------------------------------------------------------------------------------- table
@@ -187,14 +189,15 @@ def table_rows(entry: dict, model: str, paper: dict) -> list[tuple[str, list[str
     return rows
 
 
-def _footnotes(entry: dict, model: str, study: dict) -> list[str]:
+def _footnotes(entry: dict, model: str) -> list[str]:
     benches = entry["benchmarks"]
     notes = [f"Cells: accuracy (%), avg@n over samples, at T 1.0 / top-p 1.0 (T 0.7 / top-p 0.9); 95 % CIs in "
              f"scores.csv. Trained methods: final checkpoint; Base: the untrained model."]
     missing = [BENCHMARKS[b] for b in PAPER_BENCHMARKS if b not in benches]
     if missing or len(benches) != len(PAPER_BENCHMARKS):
-        notes.append(f"Avg is over the {len(benches)} benchmark(s) present ({', '.join(BENCHMARKS.get(b, b) for b in benches)}), "
-                     f"not the paper's six" + (f"; not evaluated: {', '.join(missing)}." if missing else "."))
+        present = ", ".join(BENCHMARKS.get(b, b) for b in benches)
+        notes.append(f"Avg is over the {len(benches)} benchmark(s) present ({present}), not the paper's six"
+                     + (f"; not evaluated: {', '.join(missing)}." if missing else "."))
     protocol = sorted({(s.benchmark, s.problems, s.n_samples) for s in entry["cells"].values()},
                       key=lambda t: list(BENCHMARKS).index(t[0]) if t[0] in BENCHMARKS else 99)
     if protocol:
@@ -214,7 +217,7 @@ def render_markdown(layout: dict, paper: dict, study: dict) -> str:
         lines.append("|---|" + "---|" * (len(benches) + 1))
         lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in table_rows(entry, model, paper)]
         lines.append("")
-        lines += [f"{i}. {note}" for i, note in enumerate(_footnotes(entry, model, study), 1)]
+        lines += [f"{i}. {note}" for i, note in enumerate(_footnotes(entry, model), 1)]
         lines.append("")
     if not layout:
         lines += ["No score summaries found.", ""]
@@ -331,7 +334,8 @@ def _accuracy_panel(ax, scores: list[Score], metrics: dict, model: str, methods:
                          if s.benchmark == bench and s.setting == setting and s.method in (method, "base"))
             pts = [p for p in pts if p[0] is not None]
             if pts:
-                ax.plot(*zip(*pts), style, marker="o", ms=3, label=f"{METHOD_NAMES.get(method, method)} {setting}")
+                label = f"{METHOD_NAMES.get(method, method)} {SETTING_LABELS[setting]}"
+                ax.plot(*zip(*pts), style, marker="o", ms=3, label=label)
                 drew = True
     ax.set_xlabel("training step (0 = base model)")
     ax.set_ylabel(f"{BENCHMARKS.get(bench, bench)} accuracy (%)")
@@ -401,7 +405,8 @@ def write_report(scores_dir, runs_dir, out_dir, study: dict | None = None, paper
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--scores", default="scores", help="directory of <model>/<method>/<ckpt>/<bench>/<setting>.summary.json")
+    parser.add_argument("--scores", default="scores",
+                        help="directory of <model>/<method>/<ckpt>/<bench>/<setting>.summary.json")
     parser.add_argument("--runs", default="runs", help="directory of <model>/<method>/metrics.jsonl")
     parser.add_argument("--out", default="results", help="output directory (table.md, table.tex, scores.csv, figures/)")
     parser.add_argument("--config", default=None, help="study YAML (orders models/methods, names the study)")
