@@ -49,6 +49,9 @@ EVAL_DEFAULTS = {
     "hf": {"batch_size": 8, "dtype": "float32"},  # CPU
     "vllm": {"dtype": "bfloat16", "gpu_memory_utilization": 0.9, "tensor_parallel_size": 1},
 }
+# Keys of one eval.benchmarks.<name> entry: samples = N; limit / max_new_tokens override the section-wide values;
+# n / seed / difficulty configure the synthetic arith benchmark (stapo.data.synthetic_arith_rows).
+BENCHMARK_KEYS = {"samples", "limit", "max_new_tokens", *ARITH_DEFAULTS}
 MAX_PROMPT_TOKENS = 1024  # paper: max prompt length 1k
 CHUNK_REQUESTS = {"hf": 16, "vllm": 2048}  # requests generated between two cache commits
 BOOTSTRAP_ITERS = 10_000
@@ -121,13 +124,18 @@ def resolve_config(args: argparse.Namespace) -> EvalConfig:
     backend = args.backend or cfg["backend"]
     if backend not in ("hf", "vllm"):
         raise ValueError(f"--backend: {backend!r}; expected hf or vllm")
+    unknown = set(bench) - BENCHMARK_KEYS
+    if unknown:
+        raise ValueError(f"eval.benchmarks.{args.benchmark}: unknown key(s) {sorted(unknown)}; "
+                         f"expected {sorted(BENCHMARK_KEYS)}")
     pick = lambda cli, rec: rec if cli is None else cli  # noqa: E731
     return EvalConfig(
         benchmark=args.benchmark, setting=args.setting,
         temperature=float(setting["temperature"]), top_p=float(setting["top_p"]),
-        max_new_tokens=int(pick(args.max_new_tokens, cfg["max_new_tokens"])),
+        max_new_tokens=int(pick(args.max_new_tokens, bench.get("max_new_tokens", cfg["max_new_tokens"]))),
         n=int(pick(args.samples, bench.get("samples", BENCHMARKS[args.benchmark].samples))),
-        backend=backend, limit=pick(args.limit, cfg["limit"]), data_dir=pick(args.data_dir, cfg["data_dir"]),
+        backend=backend, limit=pick(args.limit, bench.get("limit", cfg["limit"])),
+        data_dir=pick(args.data_dir, cfg["data_dir"]),
         seed=int(args.seed), backend_args=dict(cfg.get(backend) or {}),
         arith={k: bench[k] for k in ARITH_DEFAULTS if k in bench},
     )
@@ -218,31 +226,13 @@ class ResumableLM(_lm_base()):
         raise NotImplementedError("stapo eval only generates")
 
 
-def _hf_pretrained(model_path: str):
-    """``model_path``, or the loaded model when its config.json still carries a GGUF ``quantization_config``.
-
-    A dequantised GGUF conversion (bundled:smollm2-135m-instruct) keeps that block; lm-eval's HFLM passes the config
-    object to ``from_pretrained``, which then demands the GGUF file. A plain ``from_pretrained(dir)`` loads the
-    saved (dequantised) weights, so we load it ourselves and hand HFLM the model instance.
-    """
-    config = Path(model_path) / "config.json"
-    quant = json.loads(config.read_text()).get("quantization_config") if config.exists() else None
-    if not (isinstance(quant, dict) and quant.get("quant_method") == "gguf"):
-        return model_path
-    from transformers import AutoModelForCausalLM
-
-    log.warning("%s: config.json has a GGUF quantization_config; loading the saved weights directly", model_path)
-    return AutoModelForCausalLM.from_pretrained(model_path).eval()
-
-
 def build_lm(cfg: EvalConfig, model_path: str):
     """lm-eval's ``hf`` (CPU) or ``vllm`` (GPU) model for ``model_path``."""
     from lm_eval.api.registry import get_model
 
     max_len = cfg.max_new_tokens + MAX_PROMPT_TOKENS
     if cfg.backend == "hf":
-        args = {"pretrained": _hf_pretrained(model_path), "tokenizer": model_path, "max_length": max_len,
-                **cfg.backend_args}
+        args = {"pretrained": model_path, "max_length": max_len, **cfg.backend_args}
         batch_size = args.pop("batch_size", 8)
         return get_model("hf").create_from_arg_obj(args, {"batch_size": batch_size, "device": "cpu"})
     args = {"pretrained": model_path, "max_model_len": max_len, "seed": cfg.seed, **cfg.backend_args}

@@ -97,6 +97,16 @@ def test_recipe_section_and_cli_overrides(tmp_path):
     assert cfg.gen_kwargs()["top_k"] == 0  # HF: no top-k cut, like vLLM
 
 
+def test_per_benchmark_limit_and_arith_keys(tmp_path):
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text("eval:\n  limit: 2\n  max_new_tokens: 64\n"
+                      "  benchmarks: {arith: {samples: 1, n: 10, limit: 10, max_new_tokens: 32}}\n")
+    cfg = resolve_config(_args(benchmark="arith", recipe=str(recipe)))
+    assert (cfg.n, cfg.limit, cfg.max_new_tokens, cfg.arith) == (1, 10, 32, {"n": 10})
+    assert resolve_config(_args(recipe=str(recipe))).limit == 2  # other benchmarks keep the section's limit
+    assert resolve_config(_args(benchmark="arith", recipe=str(recipe), limit=3)).limit == 3
+
+
 def test_config_errors_name_the_bad_key(tmp_path):
     with pytest.raises(KeyError, match="t0.5"):
         resolve_config(_args(setting="t0.5"))
@@ -105,6 +115,9 @@ def test_config_errors_name_the_bad_key(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("eval: {max_tokens: 5}\n")
     with pytest.raises(ValueError, match="max_tokens"):
+        resolve_config(_args(recipe=str(bad)))
+    bad.write_text("eval: {benchmarks: {math500: {sample: 4}}}\n")
+    with pytest.raises(ValueError, match=r"eval.benchmarks.math500: unknown key\(s\) \['sample'\]"):
         resolve_config(_args(recipe=str(bad)))
     with pytest.raises(FileNotFoundError, match="nope.yaml"):
         resolve_config(_args(recipe=str(tmp_path / "nope.yaml")))
@@ -120,6 +133,26 @@ def test_registry_hub_ids_and_counts():
         b = BENCHMARKS[name]
         assert b.hub_id and b.hub_id.count("/") == 1 and b.expected_rows
     assert BENCHMARKS["olympiadbench"].expected_rows == (674, 675)
+
+
+def test_hub_rows_map_fields_and_join_multi_answers(monkeypatch, caplog):
+    """No network in tests: datasets.load_dataset is replaced; the registry's id/config/split/fields are checked."""
+    import datasets
+
+    from stapo.tasks import load_rows
+
+    calls = []
+
+    def fake_load(path, name=None, split=None):
+        calls.append((path, name, split))
+        return [{"question": f"q{i}", "final_answer": ["69", "84"]} for i in range(3)]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    with caplog.at_level(logging.WARNING, logger="stapo.tasks"):
+        rows = load_rows("olympiadbench")
+    assert calls == [("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train")]
+    assert rows[0] == {"id": "olympiadbench-0000", "problem": "q0", "answer": "69,84"}
+    assert "has 3 rows; expected 674 or 675" in caplog.text
 
 
 @needs_data
