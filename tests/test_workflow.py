@@ -40,8 +40,9 @@ def planned_outputs(cwd: Path, *config_args) -> list[str]:
     return [line.split("\t", 1)[0] for line in res.stdout.splitlines()[1:] if line.strip()]
 
 
-def test_lint_reports_nothing(tmp_path):
-    res = snakemake("--lint", "--configfile", PAPER, cwd=tmp_path)
+@pytest.mark.parametrize("config", [PAPER, TINY], ids=["paper", "tiny"])
+def test_lint_reports_nothing(tmp_path, config):
+    res = snakemake("--lint", "--configfile", config, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Lints for" not in res.stdout + res.stderr
 
@@ -67,6 +68,17 @@ def test_eval_every_sets_the_aime24_curve_jobs(tmp_path):
     outputs = planned_outputs(tmp_path, "--configfile", PAPER, extra)
     curve = [f for f in outputs if "/checkpoint-" in f and f.endswith(".summary.json")]
     assert len(curve) == 12 * 2 and all(f.endswith("/aime24/t1.0_p1.0.summary.json") for f in curve)
+
+
+def test_tiny_dry_run_is_offline_arith_unless_data_dir(tmp_path):
+    res = snakemake("-n", "--quiet", "rules", "--configfile", TINY, "--", "results/table.md", cwd=tmp_path)
+    tiny = yaml.safe_load(TINY.read_text())
+    n_models, n_methods = len(tiny["workflow"]["models"]), len(tiny["methods"])
+    assert job_counts(res.stdout)["evaluate"] == n_models * (n_methods + 1) * 2  # arith only, both settings
+    data = tmp_path / "data.yaml"
+    data.write_text("eval: {data_dir: /some/benchmarks}\n")
+    res = snakemake("-n", "--quiet", "rules", "--configfile", TINY, data, "--", "results/table.md", cwd=tmp_path)
+    assert job_counts(res.stdout)["evaluate"] == n_models * (n_methods + 1) * 7 * 2  # + the six real ones
 
 
 def test_workflow_models_selects_a_subset(tmp_path):
