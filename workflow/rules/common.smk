@@ -132,7 +132,7 @@ def eval_options(wildcards):
         "--backend": ev.get("backend"),
         "--samples": bench.get("samples"),
         "--limit": bench.get("limit", ev.get("limit")),
-        "--max-new-tokens": ev.get("max_new_tokens"),
+        "--max-new-tokens": bench.get("max_new_tokens", ev.get("max_new_tokens")),
         "--data-dir": ev.get("data_dir"),
     }
     return " ".join(f"{k} {v}" for k, v in opts.items() if v is not None)
