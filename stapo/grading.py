@@ -16,15 +16,18 @@ address-space limit, so a runaway big-integer power fails with MemoryError inste
 
 The parent uses no signals, so ``grade`` works from any thread (Snakemake ``run:`` blocks, thread pools).
 Workers come from a ``forkserver`` that preloads math-verify once: a replacement worker starts in milliseconds.
+They persist between calls (warm caches), and ``grade`` calls from several threads take turns.
 As with any multiprocessing start method other than fork, a script that calls ``grade`` must guard its entry point
 (``if __name__ == "__main__":``): workers import the main module.
 """
 
 from __future__ import annotations
 
+import atexit
 import math
 import multiprocessing as mp
 import os
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -173,6 +176,28 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
+# Workers stay alive between grade() calls (their math-verify / sympy caches warm); one grade() at a time.
+_POOL: list[_Worker] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _take_workers(ctx, n: int) -> list[_Worker]:
+    """``n`` live workers from the persistent pool (starting any that are missing)."""
+    _POOL[:] = [w for w in _POOL if w.proc.is_alive()]
+    while len(_POOL) < n:
+        _POOL.append(_Worker(ctx))
+    return _POOL[:n]
+
+
+@atexit.register
+def shutdown() -> None:
+    """Stop the persistent workers (also runs at interpreter exit)."""
+    with _POOL_LOCK:
+        for w in _POOL:
+            w.close()
+        _POOL.clear()
+
+
 def grade(completions: list[str], golds: list[str], *, timeout: float = 5.0, workers: int | None = None) -> list[Grade]:
     """Grade ``completions[i]`` against ``golds[i]``, in parallel worker processes, ``timeout`` s wall per answer."""
     if len(completions) != len(golds):
@@ -181,14 +206,16 @@ def grade(completions: list[str], golds: list[str], *, timeout: float = 5.0, wor
         return []
     n_workers = max(1, min(workers or default_workers(), len(completions)))
     ctx = _context()
-    pool = [_Worker(ctx) for _ in range(n_workers)]
     results: list[Grade | None] = [None] * len(completions)
-    todo = deque(range(len(completions)))
-    try:
-        _run_pool(pool, ctx, todo, completions, golds, timeout, results)
-    finally:
-        for w in pool:
-            w.close()
+    with _POOL_LOCK:
+        pool = _take_workers(ctx, n_workers)
+        try:
+            _run_pool(pool, ctx, deque(range(len(completions))), completions, golds, timeout, results)
+        finally:
+            for w in pool:
+                if w.job is not None:  # interrupted mid-batch: its late answer must not reach the next call
+                    w.kill()
+            _POOL[:] = [w for w in pool if w.job is None] + _POOL[n_workers:]
     return results  # type: ignore[return-value]
 
 

@@ -157,3 +157,15 @@ def test_no_signal_handler_left_in_parent():
     grade([_completion("1")], ["1"])
     assert signal.getsignal(signal.SIGALRM) == before
     assert os.getpid()  # parent alive, nothing forked into it
+
+
+def test_workers_persist_between_calls_and_dead_ones_are_replaced():
+    from stapo import grading
+
+    grade([_completion("1")] * 2, ["1"] * 2, workers=2)
+    pids = {w.proc.pid for w in grading._POOL[:2]}
+    assert grade([_completion("2")] * 2, ["2"] * 2, workers=2)[0].correct
+    assert {w.proc.pid for w in grading._POOL[:2]} == pids
+    grading._POOL[0].proc.kill()
+    grading._POOL[0].proc.join(5)
+    assert all(g.correct for g in grade([_completion("3")] * 2, ["3"] * 2, workers=2))
