@@ -6,8 +6,9 @@
 1. 2,000 (completion, gold) pairs built from the golds of the six benchmark files: a third correct (gold boxed
    verbatim), a third reformatted (\\dfrac, trailing ".0", spacing, \\left( \\right), degrees), a third wrong
    (perturbed gold). Each completion has ~600 characters of reasoning before the box. Timed: ``grade()`` (process
-   pool; once cold, including the forkserver start, and once warm) vs the same work sequentially in one process
-   (``grade_one`` in the main thread), and vs plain math-verify defaults (``parse`` + ``verify``) for reference.
+   pool) vs the same work sequentially in one process (``grade_one`` in the main thread), interleaved in blocks so
+   that other jobs on a shared machine slow both alike; plain math-verify defaults (``parse`` + ``verify``) for
+   reference.
    Target: >= 1.8x speed-up on 2 cores.
 2. 50 adversarial completions (1 MB of text, ``9^{9^{9^{9}}}``, 500-deep nested braces, ``__import__('os')...``
    payloads). Target: done within 50 x timeout / workers + 10 s, and /tmp/pwned never created.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -109,14 +111,26 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=2000)
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--blocks", type=int, default=4, help="interleaved pool/sequential blocks")
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args()
     workers = args.workers or default_workers()
 
     comps, golds = make_pairs(load_golds(args.data_dir), args.pairs)
-    cold, t_cold = timed(grade, comps, golds, timeout=args.timeout, workers=workers)
-    warm, t_warm = timed(grade, comps, golds, timeout=args.timeout, workers=workers)
-    seq, t_seq = timed(lambda: [grade_one(c, g, args.timeout) for c, g in zip(comps, golds)])
+    _, t_start = timed(grade, comps[:workers], golds[:workers], timeout=args.timeout, workers=workers)
+    # Interleave pool and sequential on blocks of the same pairs (alternating which goes first), so that load from
+    # other jobs on a shared machine hits both alike; each total covers all pairs once.
+    warm, seq, t_warm, t_seq = [], [], 0.0, 0.0
+    for b in range(args.blocks):
+        sl = slice(b * len(comps) // args.blocks, (b + 1) * len(comps) // args.blocks)
+        run_pool = lambda: grade(comps[sl], golds[sl], timeout=args.timeout, workers=workers)  # noqa: E731
+        run_seq = lambda: [grade_one(c, g, args.timeout) for c, g in zip(comps[sl], golds[sl])]  # noqa: E731
+        for which in ((run_pool, run_seq) if b % 2 == 0 else (run_seq, run_pool)):
+            out, dt = timed(which)
+            if which is run_pool:
+                warm, t_warm = warm + out, t_warm + dt
+            else:
+                seq, t_seq = seq + out, t_seq + dt
     raw_ok, t_raw = timed(raw_math_verify, comps, golds)
     assert [g.correct for g in warm] == [g.correct for g in seq], "pool and sequential verdicts differ"
 
@@ -128,17 +142,17 @@ def main() -> None:
     figures = {
         "pairs": len(comps), "workers": workers, "timeout_s": args.timeout,
         "correct_verdicts": sum(g.correct for g in warm),
-        "grade_cold_answers_per_s": len(comps) / t_cold, "grade_warm_answers_per_s": len(comps) / t_warm,
+        "pool_start_seconds": t_start, "grade_answers_per_s": len(comps) / t_warm,
         "sequential_grade_one_answers_per_s": len(comps) / t_seq,
         "raw_math_verify_defaults_answers_per_s": len(comps) / t_raw, "raw_math_verify_correct": raw_ok,
-        "speedup_cold": t_seq / t_cold, "speedup_warm": t_seq / t_warm,
+        "speedup": t_seq / t_warm, "load_average_1min": os.getloadavg()[0],
         "adversarial_seconds": t_adv, "adversarial_budget_seconds": budget, "adversarial_status": status,
         "adversarial_any_correct": any(g.correct for g in adv_grades), "pwned_file_created": PWNED.exists(),
     }
     print(json.dumps(figures, indent=2))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
-    ok = figures["speedup_warm"] >= 1.8 and t_adv <= budget and not PWNED.exists()
+    ok = figures["speedup"] >= 1.8 and t_adv <= budget and not PWNED.exists()
     print("targets met" if ok else "TARGETS NOT MET (speed-up >= 1.8x, adversarial within budget, nothing executed)")
 
 
