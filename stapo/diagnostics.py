@@ -123,3 +123,144 @@ def silenced_examples(
                     for i, lp in zip(top_ids[b, t].tolist(), top_logps[b, t].tolist())],
         })
     return rows
+
+
+# ------------------------------------------------------------------------------------ trainer-side recorder
+
+
+class TokenDiagnostics:
+    """Collects the statistics above during training, every ``every`` optimiser steps, and writes them.
+
+    Cost: the collision probability comes from TRL's fused LM head (its ``log_sum_sq_probs`` output, requested
+    once at set-up), so no logits are materialised for the quadrant statistics; the top-5 alternatives of the
+    (at most ``k``) example tokens need one no-grad backbone pass over the sequences that hold them, on
+    diagnostics steps only. Population: rank 0's micro-batches (every rank sees an i.i.d. share of the step).
+
+    Outputs (appended, one line per diagnostics step, flushed):
+        <out>/diagnostics.jsonl       step, quadrant/* (counts, mean ‖∇_a J‖, τ_h), entropy_q10 … entropy_q90
+        <out>/silenced_examples.jsonl step + records of :func:`silenced_examples` (S2T's silenced tokens — the
+                                      tokens it silences, or would silence under another method)
+    """
+
+    FILES = ("diagnostics.jsonl", "silenced_examples.jsonl")
+
+    def __init__(self, out_dir, *, every: int, objective, tokenizer, temperature: float, k: int = 8):
+        from pathlib import Path
+
+        self.out_dir, self.every, self.objective = Path(out_dir), every, objective
+        self.tokenizer, self.temperature, self.k = tokenizer, temperature, k
+        self._captured: list[Tensor] = []
+        self._active = False
+        self._window: dict | None = None
+
+    # -- set-up -------------------------------------------------------------------------------------------
+
+    def attach(self, model, *, cast_lm_head_to_fp32: bool = False) -> None:
+        """Ask TRL's fused head for log Σπ² too, and capture it from every fused forward of ``model``."""
+        from trl.trainer.utils import add_fused_lm_head
+
+        add_fused_lm_head(model, temperature=self.temperature, cast_lm_head_to_fp32=cast_lm_head_to_fp32,
+                          outputs=("log_probs", "entropy", "log_sum_sq_probs"))
+
+        def capture(module, args, kwargs, output):
+            if self._active and kwargs.get("fused_lm_head") and getattr(output, "log_sum_sq_probs", None) is not None:
+                self._captured.append(output.log_sum_sq_probs.detach())
+
+        model.register_forward_hook(capture, with_kwargs=True)
+
+    def begin_step(self, next_step: int) -> None:
+        """Called before the micro-batches of optimiser step ``next_step`` (1-based)."""
+        self._active = self.every > 0 and next_step % self.every == 0
+        self._captured.clear()
+
+    # -- per micro-batch ------------------------------------------------------------------------------------
+
+    def observe(self, *, model, inputs: dict, logps: Tensor, old_logps: Tensor, entropies: Tensor) -> None:
+        """Accumulate one micro-batch (call right after TRL's per-token forward of the policy)."""
+        if not self._active:
+            return
+        t = logps.size(1)
+        # the policy's loss forward is the latest fused call (TRL scores a micro-batch in one call)
+        collision = self._captured[-1][:, -t:].exp() if self._captured else None
+        self._captured.clear()
+        if collision is None or collision.shape != logps.shape:
+            return  # not the policy's fused forward (e.g. a reference or old-policy pass): nothing to record
+        cfg, adv, mask = self.objective, inputs["advantages"], inputs["completion_mask"]
+        ratio = torch.exp(logps.detach() - old_logps.detach())
+        stats = quadrant_stats(logps=logps, entropies=entropies, collision=collision, ratio=ratio, advantages=adv,
+                               completion_mask=mask, tau_p=cfg.tau_p, q=cfg.entropy_quantile,
+                               eps_low=cfg.eps_low, eps_high=cfg.eps_high)
+        w = self._window = self._window or {"counts": {}, "norm_sums": {}, "entropies": [], "examples": []}
+        for name in QUADRANTS:
+            n = stats[f"quadrant/{name}_count"]
+            w["counts"][name] = w["counts"].get(name, 0.0) + n
+            if n:
+                w["norm_sums"][name] = w["norm_sums"].get(name, 0.0) + n * stats[f"quadrant/{name}_grad_norm"]
+        w["entropies"].append(entropies.detach()[mask.bool()].float())
+        if len(w["examples"]) < self.k:
+            w["examples"] += self._examples(model, inputs, logps, entropies, self.k - len(w["examples"]))
+
+    def _examples(self, model, inputs, logps, entropies, k) -> list[dict]:
+        from stapo.objectives import silence_mask
+
+        adv, mask = inputs["advantages"], inputs["completion_mask"]
+        sil = silence_mask(logps=logps, entropies=entropies, advantages=adv, completion_mask=mask,
+                           tau_p=self.objective.tau_p, q=self.objective.entropy_quantile)
+        if not sil.any():
+            return []
+        top_ids, top_logps = self._top_alternatives(model, inputs, sil, k)
+        return silenced_examples(silenced=sil, completion_ids=inputs["completion_ids"], logps=logps.detach(),
+                                 entropies=entropies.detach(), advantages=adv, top_ids=top_ids,
+                                 top_logps=top_logps, tokenizer=self.tokenizer, k=k)
+
+    @torch.no_grad()
+    def _top_alternatives(self, model, inputs, sil: Tensor, k: int, top: int = 5):
+        """Top-``top`` (ids, log-probs) [B, T, top] at the first ``k`` silenced positions (zeros elsewhere)."""
+        b_sz, t_len = sil.shape
+        ids = torch.zeros(b_sz, t_len, top, dtype=torch.long, device=sil.device)
+        lps = torch.full((b_sz, t_len, top), float("-inf"), device=sil.device)
+        picks = sil.nonzero()[:k]
+        rows = picks[:, 0].unique()
+        prompt_len = inputs["prompt_ids"].size(1)
+        input_ids = torch.cat([inputs["prompt_ids"][rows], inputs["completion_ids"][rows]], dim=1)
+        attn = torch.cat([inputs["prompt_mask"][rows], inputs["completion_mask"][rows]], dim=1)
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attn).last_hidden_state
+        head = model.get_output_embeddings()
+        for b, t in picks.tolist():
+            r = int((rows == b).nonzero()[0])
+            h = hidden[r, prompt_len + t - 1].to(head.weight.dtype)  # position predicting completion token t
+            logits = head(h).float() / self.temperature
+            top_lp, top_id = torch.log_softmax(logits, -1).topk(top)
+            ids[b, t], lps[b, t] = top_id, top_lp
+        return ids, lps
+
+    # -- optimiser-step boundary ------------------------------------------------------------------------------
+
+    def end_step(self, step: int) -> dict | None:
+        """Write the step's line (and examples); return the line (None when nothing was recorded)."""
+        import json
+
+        w, self._window, self._active = self._window, None, False
+        if w is None:
+            return None
+        row: dict = {"step": step}
+        for name in QUADRANTS:
+            n = w["counts"].get(name, 0.0)
+            row[f"quadrant/{name}_count"] = n
+            row[f"quadrant/{name}_grad_norm"] = w["norm_sums"][name] / n if n else None
+        h = torch.cat(w["entropies"])
+        row.update(entropy_quantiles(h.view(1, -1), torch.ones(1, h.numel(), dtype=torch.bool)))
+        self._append("diagnostics.jsonl", json.dumps(row))
+        for ex in w["examples"]:
+            self._append("silenced_examples.jsonl", json.dumps({"step": step, **ex}, ensure_ascii=False))
+        return row
+
+    def _append(self, name: str, line: str) -> None:
+        import os
+
+        path = self.out_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
