@@ -5,10 +5,11 @@
 
 1. 2,000 (completion, gold) pairs built from the golds of the six benchmark files: a third correct (gold boxed
    verbatim), a third reformatted (\\dfrac, trailing ".0", spacing, \\left( \\right), degrees), a third wrong
-   (perturbed gold). Each completion has ~600 characters of reasoning before the box. Timed: ``grade()`` (process
-   pool) vs the same work sequentially in one process (``grade_one`` in the main thread), interleaved in blocks so
-   that other jobs on a shared machine slow both alike; plain math-verify defaults (``parse`` + ``verify``) for
-   reference.
+   (perturbed gold). Each completion has ~600 characters of reasoning before the box. Timed, each pass in a fresh
+   process (cold caches alike): ``grade()`` (process pool, its start-up included) vs the same work sequentially in
+   one process (``grade_one`` in the main thread), rounds alternating the order; CPU seconds are recorded too, since
+   on a shared machine free cores, not the code, bound the wall-clock speed-up. Plain math-verify defaults
+   (``parse`` + ``verify``) for reference.
    Target: >= 1.8x speed-up on 2 cores.
 2. 50 adversarial completions (1 MB of text, ``9^{9^{9^{9}}}``, 500-deep nested braces, ``__import__('os')...``
    payloads). Target: done within 50 x timeout / workers + 10 s, and /tmp/pwned never created.
@@ -22,6 +23,8 @@ import argparse
 import json
 import os
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -96,6 +99,32 @@ def raw_math_verify(completions: list[str], golds: list[str]) -> int:
     return sum(bool(verify(parse(f"${g}$"), parse(c))) for c, g in zip(completions, golds))
 
 
+def _proc_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_pass(mode: str, comps: list[str], golds: list[str], timeout: float, workers: int) -> dict:
+    """Grade all pairs once in this (fresh) process: sequentially, or with grade() (its start-up included)."""
+    from stapo import grading
+
+    cpu0 = os.times()
+    if mode == "seq":
+        out, seconds = timed(lambda: [grading.grade_one(c, g, timeout) for c, g in zip(comps, golds)])
+        cpu = sum(os.times()[:2]) - sum(cpu0[:2])
+    else:
+        out, seconds = timed(grading.grade, comps, golds, timeout=timeout, workers=workers)
+        cpu = sum(_proc_cpu(w.proc.pid) for w in grading._POOL) + sum(os.times()[:2]) - sum(cpu0[:2])
+    return {"seconds": seconds, "cpu": cpu, "verdicts": [g.correct for g in out]}
+
+
+def child_pass(mode: str, args, workers: int) -> dict:
+    cmd = [sys.executable, __file__, "--mode", mode, "--pairs", str(args.pairs), "--workers", str(workers),
+           "--timeout", str(args.timeout), "--data-dir", str(args.data_dir)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def timed(fn, *args, **kw):
     t = time.perf_counter()
     out = fn(*args, **kw)
@@ -111,28 +140,27 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=2000)
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--timeout", type=float, default=5.0)
-    p.add_argument("--blocks", type=int, default=4, help="interleaved pool/sequential blocks")
+    p.add_argument("--rounds", type=int, default=2, help="fresh-process passes per method, order alternating")
+    p.add_argument("--mode", choices=["seq", "pool"], help=argparse.SUPPRESS)  # internal: one child pass
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args()
     workers = args.workers or default_workers()
 
     comps, golds = make_pairs(load_golds(args.data_dir), args.pairs)
-    _, t_start = timed(grade, comps[:workers], golds[:workers], timeout=args.timeout, workers=workers)
-    # Interleave pool and sequential on blocks of the same pairs (alternating which goes first), so that load from
-    # other jobs on a shared machine hits both alike; each total covers all pairs once.
-    warm, seq, t_warm, t_seq = [], [], 0.0, 0.0
-    for b in range(args.blocks):
-        sl = slice(b * len(comps) // args.blocks, (b + 1) * len(comps) // args.blocks)
-        run_pool = lambda: grade(comps[sl], golds[sl], timeout=args.timeout, workers=workers)  # noqa: E731
-        run_seq = lambda: [grade_one(c, g, args.timeout) for c, g in zip(comps[sl], golds[sl])]  # noqa: E731
-        for which in ((run_pool, run_seq) if b % 2 == 0 else (run_seq, run_pool)):
-            out, dt = timed(which)
-            if which is run_pool:
-                warm, t_warm = warm + out, t_warm + dt
-            else:
-                seq, t_seq = seq + out, t_seq + dt
+    if args.mode:  # child: one timed pass in a fresh process, figures on stdout
+        print(json.dumps(one_pass(args.mode, comps, golds, args.timeout, workers)))
+        return
+    # Each pass runs in a fresh process (cold caches for both), alternating the order to spread the load of other
+    # jobs on a shared machine; totals over the rounds.
+    passes = {"seq": [], "pool": []}
+    for r in range(args.rounds):
+        for mode in ("seq", "pool") if r % 2 == 0 else ("pool", "seq"):
+            passes[mode].append(child_pass(mode, args, workers))
+    t_seq = sum(p["seconds"] for p in passes["seq"])
+    t_warm = sum(p["seconds"] for p in passes["pool"])
+    n_total = len(comps) * args.rounds
+    assert all(p["verdicts"] == passes["seq"][0]["verdicts"] for p in passes["seq"] + passes["pool"])
     raw_ok, t_raw = timed(raw_math_verify, comps, golds)
-    assert [g.correct for g in warm] == [g.correct for g in seq], "pool and sequential verdicts differ"
 
     PWNED.unlink(missing_ok=True)
     adv, adv_golds = adversarial(50)
@@ -141,9 +169,10 @@ def main() -> None:
     status = {s: sum(g.status == s for g in adv_grades) for s in ("ok", "timeout", "unparsable", "error")}
     figures = {
         "pairs": len(comps), "workers": workers, "timeout_s": args.timeout,
-        "correct_verdicts": sum(g.correct for g in warm),
-        "pool_start_seconds": t_start, "grade_answers_per_s": len(comps) / t_warm,
-        "sequential_grade_one_answers_per_s": len(comps) / t_seq,
+        "rounds": args.rounds, "correct_verdicts": sum(passes["seq"][0]["verdicts"]),
+        "grade_answers_per_s": n_total / t_warm, "sequential_grade_one_answers_per_s": n_total / t_seq,
+        "grade_cpu_seconds": sum(p["cpu"] for p in passes["pool"]),
+        "sequential_cpu_seconds": sum(p["cpu"] for p in passes["seq"]),
         "raw_math_verify_defaults_answers_per_s": len(comps) / t_raw, "raw_math_verify_correct": raw_ok,
         "speedup": t_seq / t_warm, "load_average_1min": os.getloadavg()[0],
         "adversarial_seconds": t_adv, "adversarial_budget_seconds": budget, "adversarial_status": status,

@@ -40,6 +40,7 @@ __all__ = ["Grade", "grade", "grade_one", "extract_answer", "MAX_COMPLETION_CHAR
 
 MAX_COMPLETION_CHARS = 4096  # only the tail of a completion is parsed
 WORKER_MEMORY_BYTES = 3 << 30  # RLIMIT_AS per worker
+PIPELINE_DEPTH = 3  # jobs queued per worker
 STATUSES = ("ok", "timeout", "unparsable", "error")
 
 
@@ -137,19 +138,39 @@ def _context():
 
 
 class _Worker:
-    """One worker process and the parent's end of its pipe."""
+    """One worker process, the parent's end of its pipe, and the jobs sent to it (answered in order).
+
+    Up to ``PIPELINE_DEPTH`` jobs are queued per worker so that it never idles waiting for the parent to be
+    scheduled (on a loaded machine that wait, not grading, dominated). Only the head job runs; its deadline starts
+    when it became the head (submission, or arrival of the previous answer: a little late, so never too strict).
+    """
 
     def __init__(self, ctx):
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, args=(child, WORKER_MEMORY_BYTES), daemon=True)
         self.proc.start()
         child.close()
-        self.job: int | None = None  # index of the pair being graded
-        self.deadline = math.inf
+        self.jobs: deque[int] = deque()  # indices of the pairs sent, oldest (running) first
+        self.head_since = math.inf
+
+    @property
+    def deadline(self) -> float:
+        return self.head_since + self.timeout if self.jobs else math.inf
 
     def submit(self, index: int, completion: str, gold: str, timeout: float) -> None:
-        self.job, self.deadline = index, time.monotonic() + timeout
-        self.conn.send((completion, gold, timeout))
+        # only the tail is graded: sending just the tail keeps every message small (the pipe never blocks us)
+        self.conn.send((completion[-MAX_COMPLETION_CHARS:], gold, timeout))
+        if not self.jobs:
+            self.head_since = time.monotonic()
+        self.jobs.append(index)
+        self.timeout = timeout
+
+    def receive(self) -> tuple[int, Grade]:
+        """The head job's answer (raises EOFError/OSError if the worker died)."""
+        grade_ = Grade(**self.conn.recv())
+        index = self.jobs.popleft()
+        self.head_since = time.monotonic()
+        return index, grade_
 
     def kill(self) -> None:
         self.proc.kill()
@@ -213,44 +234,44 @@ def grade(completions: list[str], golds: list[str], *, timeout: float = 5.0, wor
             _run_pool(pool, ctx, deque(range(len(completions))), completions, golds, timeout, results)
         finally:
             for w in pool:
-                if w.job is not None:  # interrupted mid-batch: its late answer must not reach the next call
+                if w.jobs:  # interrupted mid-batch: its late answers must not reach the next call
                     w.kill()
-            _POOL[:] = [w for w in pool if w.job is None] + _POOL[n_workers:]
+            _POOL[:] = [w for w in pool if not w.jobs] + _POOL[n_workers:]
     return results  # type: ignore[return-value]
 
 
 def _run_pool(pool, ctx, todo, completions, golds, timeout, results) -> None:
-    """Dispatch loop: keep every worker busy, collect answers, kill and replace workers past their deadline."""
-    while todo or any(w.job is not None for w in pool):
+    """Dispatch loop: keep every worker's queue filled, collect answers, kill and replace workers past a deadline."""
+
+    def fail(k: int, status: str | None) -> None:
+        """Kill worker k; its head job gets ``status`` (None: requeue it too); queued jobs go back to ``todo``."""
+        w = pool[k]
+        if w.jobs and status is not None:
+            i = w.jobs.popleft()
+            results[i] = Grade(False, extract_answer(str(completions[i])), status)
+        todo.extendleft(reversed(w.jobs))
+        w.jobs.clear()
+        w.kill()
+        pool[k] = _Worker(ctx)
+
+    while todo or any(w.jobs for w in pool):
         for k, w in enumerate(pool):
-            if w.job is None and todo:
+            while todo and len(pool[k].jobs) < PIPELINE_DEPTH:
                 i = todo.popleft()
                 try:
-                    w.submit(i, str(completions[i]), str(golds[i]), timeout)
-                except OSError:  # the worker died between jobs: grade this one as an error, replace it
-                    results[i] = Grade(False, extract_answer(str(completions[i])), "error")
-                    w.job = None
-                    w.kill()
-                    pool[k] = _Worker(ctx)
-        busy = [w for w in pool if w.job is not None]
-        if not busy:
-            continue
+                    pool[k].submit(i, str(completions[i]), str(golds[i]), timeout)
+                except OSError:  # the worker died: its running job is an error, the rest are retried
+                    todo.appendleft(i)
+                    fail(k, "error" if pool[k].jobs else None)
+        busy = [w for w in pool if w.jobs]
         wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
         ready = set(wait([w.conn for w in busy], timeout=wait_s))
         for k, w in enumerate(pool):
-            if w.job is None:
+            try:
+                while w.jobs and w.conn in ready and w.conn.poll():
+                    i, results[i] = w.receive()
+            except (EOFError, OSError):  # the worker died (e.g. aborted on a huge allocation)
+                fail(k, "error")
                 continue
-            if w.conn in ready:
-                try:
-                    results[w.job] = Grade(**w.conn.recv())
-                    w.job = None
-                    continue
-                except (EOFError, OSError):  # the worker died (e.g. aborted on a huge allocation)
-                    status = "error"
-            elif time.monotonic() >= w.deadline:
-                status = "timeout"
-            else:
-                continue
-            results[w.job] = Grade(False, extract_answer(str(completions[w.job])), status)
-            w.kill()
-            pool[k] = _Worker(ctx)
+            if w.jobs and time.monotonic() >= w.deadline:
+                fail(k, "timeout")
