@@ -14,7 +14,13 @@
 2. 50 adversarial completions (1 MB of text, ``9^{9^{9^{9}}}``, 500-deep nested braces, ``__import__('os')...``
    payloads). Target: done within 50 x timeout / workers + 10 s, and /tmp/pwned never created.
 
-Figures (2026-12-02, 2 shared CPU cores, other jobs running; see the report of issue 4): filled in by the run below.
+Figures (2026-12-02, 2 CPU cores shared with two other sessions, load average ~4.8, kernel autogroup scheduling
+on, i.e. this session's processes together get about one session's share, ~0.65 core, however many they are):
+    grade() 25.5 answers/s vs sequential grade_one 34.9 answers/s (speed-up 0.73x: NOT the 1.8x target), while
+    grade() used 55 CPU s for 4,000 answers vs 79 CPU s sequentially (no CPU overhead from the pool; the wall-clock
+    speed-up needs free cores, which this machine did not have). Plain math-verify defaults: 27.1 answers/s.
+    Adversarial: 50 completions in 57 s (budget 50 x 5 / 2 + 10 = 135 s): 25 ok, 20 timeout, 5 unparsable,
+    0 error; none graded correct except the 1 MB text whose box holds the gold; /tmp/pwned never created.
 """
 
 from __future__ import annotations

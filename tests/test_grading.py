@@ -169,3 +169,9 @@ def test_workers_persist_between_calls_and_dead_ones_are_replaced():
     grading._POOL[0].proc.kill()
     grading._POOL[0].proc.join(5)
     assert all(g.correct for g in grade([_completion("3")] * 2, ["3"] * 2, workers=2))
+
+
+def test_task_process_results_hook_for_plain_lm_eval():
+    from stapo.tasks.registry import process_results
+
+    assert process_results({"answer": "2"}, [_completion("2"), "no answer"]) == {"acc": 0.5}
