@@ -9,6 +9,13 @@ drifts hit every variant alike. The reward is a deterministic coin on the comple
 non-zero and the S2T mask does real work. Target: ratios ≤ 1.05.
 
     python benchmarks/bench_trainer.py [--rounds 3] [--steps 4] [--model bundled:tiny-qwen3]
+
+Measured 2026-12-02, 2 CPU cores shared with two other jobs (load average ~5), --rounds 2 --steps 3
+(4 timed steps per variant; noisy):
+    variant        median step s  ratio  peak RSS MB  ratio
+    trl-dapo              33.781  1.000         1254  1.000
+    stapo-justrl          35.133  1.040         1262  1.006
+    stapo-stapo           35.405  1.048         1251  0.997
 """
 
 from __future__ import annotations
