@@ -167,7 +167,10 @@ def custom_dataset(benchmark: str, data_dir: str | None = None, tokenizer: str |
 
 
 def process_results(doc: dict, results: list[str]) -> dict:
-    """Per-document metric for plain ``lm_eval`` runs (``stapo eval`` grades every sample itself)."""
+    """Per-document metric for plain ``lm_eval`` runs: lm-eval's default filter passes the first of the N samples.
+
+    ``stapo eval`` does not use it: it grades every sample itself (avg@N, pass@k, maj@N).
+    """
     from stapo.grading import grade
 
     graded = grade(list(results), [doc["answer"]] * len(results))
