@@ -5,7 +5,8 @@
 1. The completion is bounded to its last ``MAX_COMPLETION_CHARS`` characters (the answer is at the end; a 1 MB
    completion must not cost a 1 MB parse).
 2. The answer is the content of the last ``\\boxed{...}`` (nested braces; ``stapo.rewards.last_boxed``, the same
-   extraction as the training reward); without a box, math-verify's own LaTeX extraction looks for one.
+   extraction as the training reward); without a box, math-verify's own LaTeX extraction looks for one, and
+   without any LaTeX, the last plain number of the text (a regex; small models often answer "... = 19.").
 3. math-verify (LaTeX extraction only) parses prediction and gold and checks symbolic equivalence.
 
 Model output is text, never code: we never eval/exec/sympify it, and math-verify's ``ExprExtractionConfig`` (which
@@ -27,6 +28,7 @@ import atexit
 import math
 import multiprocessing as mp
 import os
+import re
 import threading
 import time
 from collections import deque
@@ -36,7 +38,7 @@ from multiprocessing.connection import wait
 
 from stapo.rewards import last_boxed, normalize_answer
 
-__all__ = ["Grade", "grade", "grade_one", "extract_answer", "MAX_COMPLETION_CHARS", "STATUSES"]
+__all__ = ["Grade", "grade", "grade_one", "extract_answer", "last_number", "MAX_COMPLETION_CHARS", "STATUSES"]
 
 MAX_COMPLETION_CHARS = 4096  # only the tail of a completion is parsed
 WORKER_MEMORY_BYTES = 3 << 30  # RLIMIT_AS per worker
@@ -67,6 +69,15 @@ def extract_answer(completion: str) -> str | None:
     return last_boxed(completion[-MAX_COMPLETION_CHARS:])
 
 
+_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
+
+
+def last_number(text: str) -> str | None:
+    """The last number in ``text`` (integers, decimals, a/b, thousands separators dropped), or None."""
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
 def _parse_latex(text: str, seconds: int):
     from math_verify import LatexExtractionConfig, parse
 
@@ -91,6 +102,11 @@ def grade_one(completion: str, gold: str, timeout: float = 5.0) -> Grade:
     boxed = last_boxed(tail)
     pred = _parse_latex(f"${boxed}$" if boxed is not None else tail, seconds)
     extracted = boxed if boxed is not None else (str(pred[-1]) if pred else None)
+    if not pred and boxed is None:
+        # Plain-text answers ("... = 19."): the last number, found by a regex and parsed as LaTeX (still no eval).
+        number = last_number(tail)
+        if number is not None:
+            extracted, pred = number, _parse_latex(f"${number}$", seconds)
     gold_parsed = _parse_gold(str(gold), seconds)
     if not pred or not gold_parsed:
         # Not parsable as LaTeX (e.g. "\text{Evelyn}" vs a name): fall back to the normalised string match.

@@ -10,16 +10,13 @@ Both are TRL reward functions: ``f(prompts, completions, answer, **kwargs) -> li
 dataset column with the gold answers (TRL passes every extra dataset column as a keyword list).
 
 math-verify's timeouts use SIGALRM, which only works in the main thread of a process. ``math_verify`` therefore
-grades in the calling thread when that is the main thread, and otherwise in a single-worker process pool (whose
-worker runs grading in its own main thread), so it is safe inside TRL's reward plumbing, Snakemake ``run:`` blocks
-or any thread pool.
+grades through :func:`stapo.grading.grade` (worker processes, deadline enforced by the parent), so it is safe inside
+TRL's reward plumbing, Snakemake ``run:`` blocks or any thread pool — and it grades exactly as the evaluation does.
 """
 
 from __future__ import annotations
 
 import re
-import threading
-from concurrent.futures import ProcessPoolExecutor
 
 __all__ = ["last_boxed", "normalize_answer", "dapo_strict", "math_verify", "REWARDS", "get_reward"]
 
@@ -108,48 +105,20 @@ def dapo_strict(prompts=None, completions=None, answer=None, **kwargs) -> list[f
 
 # ------------------------------------------------------------------------------------------- math-verify
 
-_POOL: ProcessPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _math_verify_correct(completion: str, gold: str, timeout_s: int = 5) -> bool:
-    """math-verify equivalence of the completion's answer and ``gold``; any error or timeout counts as wrong."""
-    from math_verify import parse, verify
-
-    try:
-        boxed = last_boxed(completion)
-        target = parse("$" + boxed + "$" if boxed is not None else completion, parsing_timeout=timeout_s)
-        gold_parsed = parse("$" + str(gold) + "$", parsing_timeout=timeout_s)
-        return bool(target) and bool(gold_parsed) and bool(verify(gold_parsed, target, timeout_seconds=timeout_s))
-    except Exception:  # math-verify raises on timeouts and exotic LaTeX: both are "not verified"
-        return False
-
-
-def _grade_batch(pairs: list[tuple[str, str]], timeout_s: int) -> list[bool]:
-    return [_math_verify_correct(c, g, timeout_s) for c, g in pairs]
-
-
-def _pool() -> ProcessPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            import multiprocessing as mp
-
-            _POOL = ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
-        return _POOL
-
 
 def math_verify(prompts=None, completions=None, answer=None, *, correct: float = 1.0, incorrect: float = -1.0,
-                timeout_s: int = 5, **kwargs) -> list[float]:
-    """math-verify reward: ``correct`` / ``incorrect`` per completion; thread-safe (see the module docstring)."""
+                timeout_s: float = 5.0, **kwargs) -> list[float]:
+    """math-verify reward: ``correct`` / ``incorrect`` per completion (timeouts and unparsable answers: incorrect).
+
+    Grading is :func:`stapo.grading.grade` — the evaluator's own: LaTeX-only parsing (no eval of model text),
+    killable worker processes with a hard per-answer deadline, callable from any thread.
+    """
+    from stapo.grading import grade  # grading imports last_boxed from here
+
     if answer is None:
         raise ValueError("math_verify: the dataset has no 'answer' column")
-    pairs = [(_completion_text(c), str(a)) for c, a in zip(completions, answer)]
-    if threading.current_thread() is threading.main_thread():
-        verdicts = _grade_batch(pairs, timeout_s)
-    else:
-        verdicts = _pool().submit(_grade_batch, pairs, timeout_s).result()
-    return [correct if ok else incorrect for ok in verdicts]
+    grades = grade([_completion_text(c) for c in completions], [str(a) for a in answer], timeout=timeout_s)
+    return [correct if g.correct else incorrect for g in grades]
 
 
 def math_verify_01(prompts=None, completions=None, answer=None, **kwargs) -> list[float]:

@@ -175,3 +175,13 @@ def test_task_process_results_hook_for_plain_lm_eval():
     from stapo.tasks.registry import process_results
 
     assert process_results({"answer": "2"}, [_completion("2"), "no answer"]) == {"acc": 0.5}
+
+
+def test_plain_text_answer_falls_back_to_the_last_number():
+    from stapo.grading import grade_one, last_number
+
+    assert last_number("12 + 7 = 19.") == "19" and last_number("so 1,250.5 or -3/4") == "-3/4"
+    assert last_number("no digits") is None
+    g = grade_one("12 + 7 = 19.", "19")
+    assert g.correct and g.extracted == "19" and g.status == "ok"
+    assert not grade_one("The answer is 20", "19").correct

@@ -85,3 +85,10 @@ def test_reward_registry_names_the_key():
         get_reward("exact")
     with pytest.raises(ValueError, match="answer"):
         dapo_strict(completions=["x"])
+
+
+def test_math_verify_never_executes_model_text(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = f"__import__('os').system('touch {marker}')"
+    assert math_verify(completions=[evil, f"x = {evil}"], answer=["x", "x"]) == [-1.0, -1.0]
+    assert not marker.exists()
