@@ -201,11 +201,13 @@ class TokenDiagnostics:
             w["examples"] += self._examples(model, inputs, logps, entropies, self.k - len(w["examples"]))
 
     def _examples(self, model, inputs, logps, entropies, k) -> list[dict]:
-        from stapo.objectives import silence_mask
-
         adv, mask = inputs["advantages"], inputs["completion_mask"]
-        sil = silence_mask(logps=logps, entropies=entropies, advantages=adv, completion_mask=mask,
-                           tau_p=self.objective.tau_p, q=self.objective.entropy_quantile)
+        # S2T on this micro-batch alone: rank 0 only runs this, so no cross-rank gather (it would deadlock)
+        cand = candidate_mask(logps=logps, advantages=adv, completion_mask=mask, tau_p=self.objective.tau_p)
+        if not cand.any():
+            return []
+        h = entropies.detach().float()
+        sil = cand & (h < quantile(h[cand], self.objective.entropy_quantile))
         if not sil.any():
             return []
         top_ids, top_logps = self._top_alternatives(model, inputs, sil, k)

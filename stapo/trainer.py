@@ -51,6 +51,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from stapo.atomic import atomic_write
 from stapo.data import DatasetError, build_prompt, load_problems, validate_source
+from stapo.diagnostics import TokenDiagnostics
 from stapo.models import resolve_model
 from stapo.objectives import ObjectiveConfig, get_objective, policy_loss
 from stapo.rewards import REWARDS
@@ -93,6 +94,9 @@ class TrainSettings:
         use_vllm, vllm_mode, vllm_gpu_memory_utilization: vLLM rollouts (colocated on GPU; off on CPU).
         seed: seeds model init-free RNG, sampling and the data order.
         logging_steps: always 1 (metrics.jsonl has one line per optimiser step); kept for completeness.
+        diagnostics_every: every N optimiser steps, log the paper's token analysis (stapo.diagnostics: gradient
+            norm per probability × entropy quadrant, entropy quantiles, silenced-token examples); 0 = off.
+        diagnostics_examples: silenced-token examples written per diagnostics step.
     """
 
     dataset: dict = field(default_factory=lambda: {"name": "dapo-math-17k"})
@@ -122,6 +126,8 @@ class TrainSettings:
     vllm_gpu_memory_utilization: float = 0.5
     seed: int = 0
     logging_steps: int = 1
+    diagnostics_every: int = 0
+    diagnostics_examples: int = 8
 
 
 _POSITIVE = ("max_steps", "save_steps", "prompts_per_generation", "num_generations", "prompts_per_step",
@@ -141,6 +147,8 @@ def _validate_settings(s: TrainSettings) -> None:
     if not 0.0 < s.temperature or not 0.0 < s.top_p <= 1.0:
         raise ValueError(f"train.temperature/top_p: need temperature > 0 and top_p in (0, 1], got "
                          f"{s.temperature}, {s.top_p}")
+    if s.diagnostics_every < 0 or s.diagnostics_examples < 0:
+        raise ValueError("train.diagnostics_every and train.diagnostics_examples must be >= 0")
     if s.learning_rate <= 0 or s.warmup_steps < 0 or s.max_grad_norm < 0 or s.weight_decay < 0:
         raise ValueError("train.learning_rate must be > 0 and train.warmup_steps/max_grad_norm/weight_decay >= 0")
     steps_per_rollout = s.prompts_per_generation // s.prompts_per_step * s.num_iterations
@@ -240,9 +248,13 @@ def accumulation(settings: TrainSettings, num_processes: int) -> tuple[int, int]
 class StapoGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose loss is ``stapo.objectives.policy_loss(objective, ...)`` (see the module docstring)."""
 
-    def __init__(self, *args, objective: ObjectiveConfig, **kwargs):
+    def __init__(self, *args, objective: ObjectiveConfig, diagnostics: TokenDiagnostics | None = None, **kwargs):
         self.objective = objective
         super().__init__(*args, **kwargs)
+        self._diagnostics = diagnostics if self.accelerator.is_main_process else None
+        if self._diagnostics is not None:
+            self._diagnostics.attach(self.accelerator.unwrap_model(self.model),
+                                     cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
         self._window = None  # per-optimiser-step accumulators (local to this process)
         self._deepspeed = self.accelerator.distributed_type.value == "DEEPSPEED"
         if self._deepspeed and objective.method in ("stapo", "entropy20"):
@@ -259,6 +271,10 @@ class StapoGRPOTrainer(GRPOTrainer):
         )
         old_logps = inputs.get("old_per_token_logps")
         training = self.model.training
+        if training and self._diagnostics is not None:
+            self._diagnostics.observe(model=self.accelerator.unwrap_model(model), inputs=inputs, logps=logps,
+                                      old_logps=logps.detach() if old_logps is None else old_logps,
+                                      entropies=entropies)
         token_mean = self.objective.method != "grpo"
         normalizer = self._provisional_normalizer(inputs) if (training and token_mean) else None
         loss, metrics = policy_loss(
@@ -302,6 +318,8 @@ class StapoGRPOTrainer(GRPOTrainer):
     # -- optimiser-step boundary ---------------------------------------------------------------------------
 
     def training_step(self, model, inputs, num_items_in_batch):
+        if self._diagnostics is not None and self._window is None:  # first micro-batch of an optimiser step
+            self._diagnostics.begin_step(self.state.global_step + 1)
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self.model.training and self.accelerator.sync_gradients and self._window is not None:
             self._close_window(model)
@@ -326,6 +344,8 @@ class StapoGRPOTrainer(GRPOTrainer):
                 if p.grad is not None:
                     p.grad.mul_(factor)
         self._metrics["train"]["objective_loss"].append(objective_loss)
+        if self._diagnostics is not None:
+            self._diagnostics.end_step(self.state.global_step + 1)  # global_step advances after this step
 
 
 def _accuracy_reward(reward_fn):
@@ -426,16 +446,17 @@ def _prepare_resume(out: Path) -> Path | None:
 
 
 def _clean_after(out: Path, step: int) -> None:
-    """Remove checkpoints newer than ``step`` or incomplete, and metrics.jsonl lines past ``step``."""
+    """Remove checkpoints newer than ``step`` or incomplete, and metrics/diagnostics lines past ``step``."""
     for n, path in _checkpoints(out):
         if n > step or not _is_complete(path):
             log.warning("removing incomplete checkpoint %s", path)
             shutil.rmtree(path, ignore_errors=True)
-    metrics = out / "metrics.jsonl"
-    if metrics.exists():
-        kept = [line for line in metrics.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line)["step"] <= step]
-        atomic_write(metrics, "".join(line + "\n" for line in kept))
+    for name in ("metrics.jsonl", *TokenDiagnostics.FILES):
+        path = out / name
+        if path.exists():
+            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line)["step"] <= step]
+            atomic_write(path, "".join(line + "\n" for line in kept))
 
 
 # --------------------------------------------------------------------------------------------------- build
@@ -505,7 +526,12 @@ def build_trainer(plan: Plan, out: Path, *, plain: bool = False, callbacks=(), *
                   callbacks=list(callbacks))
     if plain:
         return GRPOTrainer(**kwargs)
-    return StapoGRPOTrainer(objective=plan.objective, **kwargs)
+    s = plan.settings
+    diagnostics = None
+    if s.diagnostics_every > 0:
+        diagnostics = TokenDiagnostics(out, every=s.diagnostics_every, objective=plan.objective, tokenizer=tokenizer,
+                                       temperature=s.temperature, k=s.diagnostics_examples)
+    return StapoGRPOTrainer(objective=plan.objective, diagnostics=diagnostics, **kwargs)
 
 
 def _resolved_config(plan: Plan, config: GRPOConfig) -> dict:

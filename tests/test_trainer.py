@@ -253,3 +253,27 @@ def test_resume_after_kill_gives_identical_weights(tmp_path, coin):
         assert torch.equal(a[name], b[name]), name
     first, again = read_metrics(tmp_path / "straight"), read_metrics(out)
     assert [r["reward_mean"] for r in first] == [r["reward_mean"] for r in again]
+
+
+@pytest.mark.slow
+def test_token_diagnostics_are_logged(tmp_path, coin):
+    """train.diagnostics_every=1: quadrant counts add up to the positive tokens, quantiles ordered, examples."""
+    plan = T.resolve_plan(tiny_recipe(diagnostics_every=1, diagnostics_examples=3), "tiny-qwen3", "stapo")
+    T.train(plan, tmp_path)
+    rows = [json.loads(x) for x in (tmp_path / "diagnostics.jsonl").read_text().splitlines()]
+    metrics = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row, m in zip(rows, metrics):
+        counts = [row[f"quadrant/{q}_count"] for q in ("lowp_lowh", "lowp_highh", "highp_lowh", "highp_highh")]
+        assert sum(counts) > 0
+        # random-init Qwen3 over 151k tokens: nearly every sampled token has p < 0.002 → mostly low-p quadrants
+        assert counts[0] + counts[1] > counts[2] + counts[3]
+        qs = [row[f"entropy_q{q}"] for q in (10, 25, 50, 75, 90)]
+        assert qs == sorted(qs) and qs[0] <= m["entropy_mean"] <= qs[-1] + 1e-6
+        norm = row["quadrant/lowp_lowh_grad_norm"]
+        assert norm is None or norm > 0
+    examples = [json.loads(x) for x in (tmp_path / "silenced_examples.jsonl").read_text().splitlines()]
+    assert 0 < len(examples) <= 6
+    for ex in examples:
+        assert ex["p"] < 0.002 and ex["advantage"] > 0 and len(ex["top"]) == 5
+        assert ex["top"][0]["p"] >= ex["top"][-1]["p"] and isinstance(ex["token"], str)
