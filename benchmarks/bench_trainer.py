@@ -4,6 +4,8 @@ Variants, same model, data, batch and generation settings (configs/tiny.yaml sca
     trl-dapo      trl.GRPOTrainer with loss_type="dapo" (the JustRL objective inside TRL)
     stapo-justrl  stapo.trainer.StapoGRPOTrainer, method justrl
     stapo-stapo   stapo.trainer.StapoGRPOTrainer, method stapo (S2T mask)
+    stapo-diag    method stapo with token diagnostics every step (train.diagnostics_every=1); its cost is
+                  reported against stapo-stapo (target ≤ 1.05)
 Each trial is a fresh subprocess (so peak RSS is per variant); trials are interleaved round-robin so machine load
 drifts hit every variant alike. The reward is a deterministic coin on the completion text so that advantages are
 non-zero and the S2T mask does real work. Target: ratios ≤ 1.05.
@@ -31,7 +33,7 @@ import tempfile
 import time
 import zlib
 
-VARIANTS = ("trl-dapo", "stapo-justrl", "stapo-stapo")
+VARIANTS = ("trl-dapo", "stapo-justrl", "stapo-stapo", "stapo-diag")
 
 
 def coin(prompts=None, completions=None, **kwargs):
@@ -53,7 +55,7 @@ def worker(variant: str, steps: int, model: str) -> dict:
     recipe["train"].update(dataset={"name": "synthetic-arith", "n": 64, "difficulty": 1, "seed": 0}, reward="coin",
                            max_steps=steps, save_steps=10_000, warmup_steps=0, prompts_per_generation=4,
                            num_generations=4, prompts_per_step=4, per_device_train_batch_size=8,
-                           max_completion_length=16)
+                           max_completion_length=16, diagnostics_every=1 if variant == "stapo-diag" else 0)
     method = "justrl" if variant in ("trl-dapo", "stapo-justrl") else "stapo"
     plan = T.resolve_plan(recipe, "bench", method)
 
@@ -106,6 +108,8 @@ def main(argv=None) -> int:
     for v in VARIANTS:
         t, m = statistics.median(steps[v]), statistics.median(rss[v])
         print(f"{v:13s} {t:14.3f} {t / base_t:6.3f} {m:12.0f} {m / base_m:6.3f}  ({len(steps[v])})")
+    diag = statistics.median(steps["stapo-diag"]) / statistics.median(steps["stapo-stapo"])
+    print(f"diagnostics every step: stapo-diag / stapo-stapo step time = {diag:.3f}")
     return 0
 
 
