@@ -295,14 +295,18 @@ def _smooth(ys: list[float], window: int) -> list[float]:
 
 
 def _metric_panel(ax, metrics: dict, model: str, methods: list[str], key: str, ylabel: str, log=False) -> bool:
+    from matplotlib.ticker import MaxNLocator
+
     drew = False
     for method in methods:
         xs, ys = _series(metrics.get((model, method), []), key)
         if log:
             xs, ys = [x for x, y in zip(xs, ys) if y > 0], [y for y in ys if y > 0]
-        if xs:
-            ax.plot(xs, _smooth(ys, max(1, len(ys) // 50)), label=METHOD_NAMES.get(method, method), lw=1.4)
+        if xs:  # markers on short runs, so identical curves (e.g. before the methods diverge) stay visible
+            ax.plot(xs, _smooth(ys, max(1, len(ys) // 50)), label=METHOD_NAMES.get(method, method), lw=1.4,
+                    marker="o" if len(xs) <= 30 else None, ms=7 - 1.5 * (methods.index(method) % 4), alpha=0.85)
             drew = True
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     return drew
@@ -318,6 +322,8 @@ def _step_of(ckpt: str, final_step: int | None) -> int | None:
 
 def _accuracy_panel(ax, scores: list[Score], metrics: dict, model: str, methods: list[str]) -> bool:
     """Accuracy vs step on the curve benchmark (AIME24 when evaluated, else the best-covered one)."""
+    from matplotlib.ticker import MaxNLocator
+
     mine = [s for s in scores if s.model == model]
     counts = defaultdict(int)
     for s in mine:
@@ -337,6 +343,7 @@ def _accuracy_panel(ax, scores: list[Score], metrics: dict, model: str, methods:
                 label = f"{METHOD_NAMES.get(method, method)} {SETTING_LABELS[setting]}"
                 ax.plot(*zip(*pts), style, marker="o", ms=3, label=label)
                 drew = True
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step (0 = base model)")
     ax.set_ylabel(f"{BENCHMARKS.get(bench, bench)} accuracy (%)")
     return drew
