@@ -3,6 +3,7 @@
 Inputs (layout of /work/notes/contract.md):
     scores/<model>/<method>/<ckpt>/<benchmark>/<setting>.summary.json   one evaluation (``stapo eval``)
     runs/<model>/<method>/metrics.jsonl                                 one line per optimiser step (``stapo train``)
+    runs/<model>/<method>/diagnostics.jsonl, silenced_examples.jsonl   token diagnostics (train.diagnostics_every)
 Outputs (under ``--out``, each written atomically):
     table.md     per model: rows = methods (+ the untrained base), columns = benchmarks + Avg, each cell
                  "T1.0 (T0.7)" = accuracy (%) at (T 1.0, top-p 1.0) and (T 0.7, top-p 0.9); for the paper's
@@ -10,6 +11,10 @@ Outputs (under ``--out``, each written atomically):
     table.tex    the same as LaTeX (booktabs)
     scores.csv   every evaluated cell (all checkpoints) with its 95 % CI, plus per-row averages
     figures/<model>_{entropy,reward,accuracy,silenced}.{png,pdf}
+    figures/<model>_{quadrants,entropy_quantiles}.{png,pdf}   the paper's token analysis ("no data" without
+                 diagnostics): mean closed-form ‖∇_a J‖ per probability × entropy quadrant (positive-advantage
+                 tokens, all logged steps), and the 10/25/50/75/90 % entropy quantiles vs step
+    silenced_examples.md   the logged silenced tokens: context, token, p, H, Â and the top-5 alternatives
 
 The table uses the ``final`` checkpoint of each trained method and ``base`` for the untrained model. Avg is the
 mean over the benchmarks present; its CI half-width is sqrt(Σ h_i²)/k (independent benchmarks, normal approx.).
@@ -32,7 +37,10 @@ from stapo.atomic import atomic_write
 __all__ = ["add_arguments", "run", "load_scores", "load_metrics", "load_paper", "write_report", "FIGURE_KINDS"]
 
 PAPER_CSV = Path(__file__).parent / "reference" / "paper_v2_table.csv"
-METHOD_NAMES = {"base": "Base", "grpo": "GRPO", "entropy20": "20-Entropy", "justrl": "JustRL", "stapo": "STAPO"}
+METHOD_NAMES = {"base": "Base", "grpo": "GRPO", "entropy20": "20-Entropy", "justrl": "JustRL", "stapo": "STAPO",
+                # ablations of the S2T mask (configs/ablations.yaml)
+                "stapo_high": "STAPO (mask high-H)", "stapo_random": "STAPO (mask random)",
+                "stapo_full": "STAPO (mask all candidates)"}
 MODEL_NAMES = {"qwen3-1.7b-base": "Qwen3-1.7B-Base", "qwen3-8b-base": "Qwen3-8B-Base",
                "qwen3-14b-base": "Qwen3-14B-Base"}
 BENCHMARKS = {"aime24": "AIME24", "aime25": "AIME25", "amc23": "AMC23", "math500": "MATH500",
@@ -40,7 +48,10 @@ BENCHMARKS = {"aime24": "AIME24", "aime25": "AIME25", "amc23": "AMC23", "math500
 PAPER_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
 SETTINGS = ("t1.0_p1.0", "t0.7_p0.9")  # cell = "first (second)"
 SETTING_LABELS = {"t1.0_p1.0": "T1.0", "t0.7_p0.9": "T0.7"}
-FIGURE_KINDS = ("entropy", "reward", "accuracy", "silenced")
+FIGURE_KINDS = ("entropy", "reward", "accuracy", "silenced", "quadrants", "entropy_quantiles")
+QUADRANT_LABELS = {"lowp_lowh": "low p\nlow H\n(S2T)", "lowp_highh": "low p\nhigh H", "highp_lowh": "high p\nlow H",
+                   "highp_highh": "high p\nhigh H"}
+QUANTILE_KEYS = ("entropy_q10", "entropy_q25", "entropy_q50", "entropy_q75", "entropy_q90")
 TABLE_CKPTS = ("final", "base")
 
 
@@ -80,10 +91,11 @@ def load_scores(scores_dir: str | Path) -> list[Score]:
     return scores
 
 
-def load_metrics(runs_dir: str | Path) -> dict[tuple[str, str], list[dict]]:
-    """``(model, method) -> [metrics per step]`` sorted by step; a resumed run's repeated steps keep the last."""
+def load_metrics(runs_dir: str | Path, name: str = "metrics.jsonl") -> dict[tuple[str, str], list[dict]]:
+    """``(model, method) -> [rows of runs/*/*/<name> per step]`` sorted by step; a resumed run's repeated steps
+    keep the last."""
     out = {}
-    for path in sorted(Path(runs_dir).glob("*/*/metrics.jsonl")):
+    for path in sorted(Path(runs_dir).glob(f"*/*/{name}")):
         by_step = {}
         for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
@@ -92,7 +104,7 @@ def load_metrics(runs_dir: str | Path) -> dict[tuple[str, str], list[dict]]:
                 row = json.loads(line)
                 by_step[int(row["step"])] = row
             except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{lineno}: bad metrics line (need a JSON object with 'step'): {e}") from e
+                raise ValueError(f"{path}:{lineno}: bad line (need a JSON object with 'step'): {e}") from e
         model, method = path.relative_to(runs_dir).parts[:2]
         out[(model, method)] = [by_step[k] for k in sorted(by_step)]
     return out
@@ -349,7 +361,41 @@ def _accuracy_panel(ax, scores: list[Score], metrics: dict, model: str, methods:
     return drew
 
 
-def draw_figure(kind: str, model: str, scores: list[Score], metrics: dict, methods: list[str]):
+def _quadrant_panel(ax, diagnostics: dict, model: str, methods: list[str]) -> bool:
+    """Bars: mean ‖∇_a J‖ per quadrant, count-weighted over the logged steps, one bar group per method."""
+    present = [m for m in methods if diagnostics.get((model, m))]
+    width = 0.8 / max(1, len(present))
+    for j, method in enumerate(present):
+        means = []
+        for q in QUADRANT_LABELS:
+            rows = [(r[f"quadrant/{q}_count"], r[f"quadrant/{q}_grad_norm"]) for r in diagnostics[(model, method)]
+                    if r.get(f"quadrant/{q}_grad_norm") is not None]
+            n = sum(c for c, _ in rows)
+            means.append(sum(c * g for c, g in rows) / n if n else 0.0)
+        xs = [i + (j - (len(present) - 1) / 2) * width for i in range(len(QUADRANT_LABELS))]
+        ax.bar(xs, means, width=width, label=METHOD_NAMES.get(method, method))
+    ax.set_xticks(range(len(QUADRANT_LABELS)), list(QUADRANT_LABELS.values()), fontsize=7)
+    ax.set_ylabel("mean closed-form ‖∇ₐJ‖ (Â > 0 tokens)")
+    return bool(present)
+
+
+def _quantile_panel(ax, diagnostics: dict, model: str, methods: list[str]) -> bool:
+    """Entropy quantile curves vs step: colour = method, line style = quantile (10 … 90 %)."""
+    styles = (":", "-.", "-", "--", ":")
+    drew = False
+    for i, method in enumerate(m for m in methods if diagnostics.get((model, m))):
+        for key, style in zip(QUANTILE_KEYS, styles):
+            xs, ys = _series(diagnostics[(model, method)], key)
+            label = METHOD_NAMES.get(method, method) if key == "entropy_q50" else None
+            ax.plot(xs, ys, style, color=f"C{i}", lw=1.8 if key == "entropy_q50" else 0.9, label=label)
+            drew = True
+    ax.set_xlabel("training step")
+    ax.set_ylabel("token entropy quantiles 10–90 % (nats)")
+    return drew
+
+
+def draw_figure(kind: str, model: str, scores: list[Score], metrics: dict, methods: list[str],
+                diagnostics: dict | None = None):
     """One matplotlib figure of ``kind`` for ``model`` (all methods in one panel)."""
     import matplotlib
 
@@ -357,7 +403,12 @@ def draw_figure(kind: str, model: str, scores: list[Score], metrics: dict, metho
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
-    if kind == "entropy":
+    diagnostics = diagnostics or {}
+    if kind == "quadrants":
+        drew = _quadrant_panel(ax, diagnostics, model, methods)
+    elif kind == "entropy_quantiles":
+        drew = _quantile_panel(ax, diagnostics, model, methods)
+    elif kind == "entropy":
         drew = _metric_panel(ax, metrics, model, methods, "entropy_mean", "mean token entropy (nats)")
     elif kind == "reward":
         drew = _metric_panel(ax, metrics, model, methods, "reward_mean", "training reward (mean)")
@@ -377,17 +428,53 @@ def draw_figure(kind: str, model: str, scores: list[Score], metrics: dict, metho
     return fig
 
 
-def write_figures(out_dir: Path, models: list[str], methods: list[str], scores: list[Score], metrics: dict):
+def write_figures(out_dir: Path, models: list[str], methods: list[str], scores: list[Score], metrics: dict,
+                  diagnostics: dict | None = None):
     import matplotlib.pyplot as plt
 
     for model in models:
         for kind in FIGURE_KINDS:
-            fig = draw_figure(kind, model, scores, metrics, methods)
+            fig = draw_figure(kind, model, scores, metrics, methods, diagnostics)
             for ext in ("png", "pdf"):
                 buf = io.BytesIO()
                 fig.savefig(buf, format=ext)
                 atomic_write(out_dir / "figures" / f"{model}_{kind}.{ext}", buf.getvalue())
             plt.close(fig)
+
+
+def render_examples(examples: dict, models: list[str], methods: list[str], per_run: int = 20) -> str:
+    """Markdown table of logged silenced tokens (the paper's table of spurious-token examples)."""
+    def esc(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", "⏎").replace("`", "'")
+
+    lines = ["# Silenced-token examples", "",
+             "Tokens the S2T mask silences (Â > 0, p < τ_p, H below the candidates' q-quantile), logged every "
+             "`train.diagnostics_every` steps, with the policy's top-5 alternatives at that position.", ""]
+    found = False
+    for model in models:
+        for method in methods:
+            rows = examples.get((model, method), [])[:per_run]
+            if not rows:
+                continue
+            found = True
+            lines += [f"## {MODEL_NAMES.get(model, model)} / {METHOD_NAMES.get(method, method)}", "",
+                      "| step | context | token | p | H | Â | top-5 alternatives (p) |", "|---|---|---|---|---|---|---|"]
+            for r in rows:
+                top = ", ".join(f"`{esc(t['token'])}` {t['p']:.3f}" for t in r["top"])
+                lines.append(f"| {r['step']} | …{esc(r['context'][-60:])} | `{esc(r['token'])}` | {r['p']:.2e} | "
+                             f"{r['entropy']:.3f} | {r['advantage']:+.2f} | {top} |")
+            lines.append("")
+    if not found:
+        lines.append("No examples logged (set train.diagnostics_every > 0 to record them).")
+    return "\n".join(lines) + "\n"
+
+
+def _load_examples(runs_dir) -> dict[tuple[str, str], list[dict]]:
+    out = {}
+    for path in sorted(Path(runs_dir).glob("*/*/silenced_examples.jsonl")):
+        model, method = path.relative_to(runs_dir).parts[:2]
+        out[(model, method)] = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- entry points
@@ -407,7 +494,8 @@ def write_report(scores_dir, runs_dir, out_dir, study: dict | None = None, paper
                                   list(study.get("models", {})))
     methods = _ordered({m for _, m in metrics} | {s.method for s in scores} | set(study.get("methods", {})),
                        list(METHOD_NAMES) + list(study.get("methods", {})))
-    write_figures(out_dir, models, methods, scores, metrics)
+    write_figures(out_dir, models, methods, scores, metrics, load_metrics(runs_dir, "diagnostics.jsonl"))
+    atomic_write(out_dir / "silenced_examples.md", render_examples(_load_examples(runs_dir), models, methods))
     return layout
 
 

@@ -136,3 +136,33 @@ def test_cli_dispatches_report(tmp_path):
     assert main(["report", "--scores", str(scores), "--runs", str(runs), "--out", str(tmp_path / "r"),
                  "--config", str(cfg)]) == 0
     assert (tmp_path / "r" / "table.md").read_text().startswith("# STAPO reproduction — study `cli`")
+
+
+def test_diagnostics_figures_and_examples_table(tmp_path):
+    scores, runs = _write_study(tmp_path, "m", ["arith"])
+    diag = []
+    for step in (1, 2):
+        row = {"step": step, **{f"entropy_q{q}": 0.1 * q / 10 + step for q in (10, 25, 50, 75, 90)}}
+        for i, q in enumerate(("lowp_lowh", "lowp_highh", "highp_lowh", "highp_highh")):
+            row[f"quadrant/{q}_count"] = 10.0 - i
+            row[f"quadrant/{q}_grad_norm"] = 1.0 / (i + 1) if i < 3 else None  # an empty quadrant
+        diag.append(row)
+    (runs / "m" / "stapo" / "diagnostics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in diag))
+    example = {"step": 2, "token": " seven", "context": "so the answer | is", "p": 1.5e-4, "entropy": 0.31,
+               "advantage": 0.8, "top": [{"token": " 7", "p": 0.91}] + [{"token": f"t{i}", "p": 0.01} for i in range(4)]}
+    (runs / "m" / "stapo" / "silenced_examples.jsonl").write_text(json.dumps(example) + "\n")
+    out = tmp_path / "results"
+    report.write_report(scores, runs, out, {"models": {"m": {}}})
+    for kind in ("quadrants", "entropy_quantiles"):
+        png = out / "figures" / f"m_{kind}.png"
+        assert png.stat().st_size > 5000 and (out / "figures" / f"m_{kind}.pdf").exists()
+    md = (out / "silenced_examples.md").read_text()
+    assert "## m / STAPO" in md and "` seven`" in md and "1.50e-04" in md and "` 7` 0.910" in md
+    assert "answer \\| is" in md  # a pipe in the context cannot break the table
+    assert "## m / JustRL" not in md  # runs without examples get no section
+
+
+def test_examples_table_says_when_nothing_was_logged(tmp_path):
+    scores, runs = _write_study(tmp_path, "m", ["arith"])
+    report.write_report(scores, runs, tmp_path / "results", {"models": {"m": {}}})
+    assert "No examples logged" in (tmp_path / "results" / "silenced_examples.md").read_text()

@@ -62,6 +62,18 @@ def test_paper_dry_run_job_counts(tmp_path):
     assert f"scores/qwen3-8b-base/grpo/checkpoint-{every}/aime24/t1.0_p1.0.summary.json" in summaries
 
 
+def test_ablations_overlay_adds_methods_on_one_model(tmp_path):
+    ablations = REPO / "configs" / "ablations.yaml"
+    study = yaml.safe_load(PAPER.read_text())
+    every, max_steps = study["workflow"]["eval_every"], study["train"]["max_steps"]
+    methods = 4 + len(yaml.safe_load(ablations.read_text())["methods"])
+    res = snakemake("-n", "--quiet", "rules", "--configfile", PAPER, ablations, "--", "results/table.md",
+                    cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    curve = methods * len(range(every, max_steps, every))
+    assert job_counts(res.stdout) == {"train": methods, "evaluate": (methods + 1) * 12 + curve, "report": 1}
+
+
 def test_eval_every_sets_the_aime24_curve_jobs(tmp_path):
     extra = tmp_path / "curve.yaml"
     extra.write_text("workflow: {eval_every: 1000}\n")  # max_steps 3000 -> checkpoint-1000, -2000 (+ final)

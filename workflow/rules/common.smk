@@ -8,6 +8,7 @@ import yaml
 from snakemake.utils import validate
 
 from stapo.atomic import atomic_write
+from stapo.report import FIGURE_KINDS
 
 validate(config, workflow.source_path("../schemas/config.schema.yaml"), set_default=True)
 
@@ -20,7 +21,6 @@ METHODS = list(config["methods"])
 SETTINGS = list(config["eval"]["settings"])
 BASE = "base"  # method and checkpoint key of the untrained model
 REAL_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
-FIGURE_KINDS = ("entropy", "reward", "accuracy", "silenced")
 # The resolved config (config files + --config overrides): the --recipe of every `stapo` call.
 STUDY_FILE = "results/study.yaml"
 

@@ -10,6 +10,7 @@ rule report:
         table=report("results/table.md", category="Table", caption="../report/table.rst"),
         tex="results/table.tex",
         csv="results/scores.csv",
+        examples="results/silenced_examples.md",
         png=[report(f, category="Figures", caption="../report/figure.rst") for f in figure_files("png")],
         pdf=figure_files("pdf"),
     log:
