@@ -131,8 +131,8 @@ def silenced_examples(
 class TokenDiagnostics:
     """Collects the statistics above during training, every ``every`` optimiser steps, and writes them.
 
-    Cost: the collision probability comes from TRL's fused LM head (its ``log_sum_sq_probs`` output, requested
-    once at set-up), so no logits are materialised for the quadrant statistics; the top-5 alternatives of the
+    Cost: the collision probability comes from TRL's fused LM head (its ``log_sum_sq_probs`` output, from a head
+    swapped in on diagnostics steps only), so no logits are materialised for the quadrant statistics; the top-5 alternatives of the
     (at most ``k``) example tokens need one no-grad backbone pass over the sequences that hold them, on
     diagnostics steps only. Population: rank 0's micro-batches (every rank sees an i.i.d. share of the step).
 
@@ -156,11 +156,17 @@ class TokenDiagnostics:
     # -- set-up -------------------------------------------------------------------------------------------
 
     def attach(self, model, *, cast_lm_head_to_fp32: bool = False) -> None:
-        """Ask TRL's fused head for log Σπ² too, and capture it from every fused forward of ``model``."""
+        """Build a second fused head that also returns log Σπ², used on diagnostics steps only, and capture it.
+
+        TRL's own head (log-probs, entropy) stays in place on every other step, so they cost nothing extra.
+        """
         from trl.trainer.utils import add_fused_lm_head
 
+        plain = model.forward
         add_fused_lm_head(model, temperature=self.temperature, cast_lm_head_to_fp32=cast_lm_head_to_fp32,
                           outputs=("log_probs", "entropy", "log_sum_sq_probs"))
+        self._model, self._forwards = model, {False: plain, True: model.forward}
+        model.forward = plain
 
         def capture(module, args, kwargs, output):
             if self._active and kwargs.get("fused_lm_head") and getattr(output, "log_sum_sq_probs", None) is not None:
@@ -171,6 +177,7 @@ class TokenDiagnostics:
     def begin_step(self, next_step: int) -> None:
         """Called before the micro-batches of optimiser step ``next_step`` (1-based)."""
         self._active = self.every > 0 and next_step % self.every == 0
+        self._model.forward = self._forwards[self._active]
         self._captured.clear()
 
     # -- per micro-batch ------------------------------------------------------------------------------------
@@ -243,6 +250,7 @@ class TokenDiagnostics:
         import json
 
         w, self._window, self._active = self._window, None, False
+        self._model.forward = self._forwards[False]
         if w is None:
             return None
         row: dict = {"step": step}
