@@ -12,7 +12,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_write", "atomic_write_json", "atomic_dir"]
+__all__ = ["atomic_write", "atomic_write_json", "atomic_dir", "append_line"]
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
@@ -34,6 +34,16 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
 
 def atomic_write_json(path: str | os.PathLike, obj, **kw) -> Path:
     return atomic_write(path, json.dumps(obj, indent=kw.pop("indent", 2), sort_keys=kw.pop("sort_keys", False), **kw) + "\n")
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Append one line to a log (JSON lines) and fsync it: a kill loses at most the line being written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 @contextmanager

@@ -17,11 +17,14 @@ Shapes: logps, entropies, collision, ratio, completion_mask [B, T]; advantages [
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from stapo.atomic import append_line
 from stapo.objectives import candidate_mask, quantile
 
 __all__ = [
@@ -132,8 +135,8 @@ class TokenDiagnostics:
     """Collects the statistics above during training, every ``every`` optimiser steps, and writes them.
 
     Cost: the collision probability comes from TRL's fused LM head (its ``log_sum_sq_probs`` output, from a head
-    swapped in on diagnostics steps only), so no logits are materialised for the quadrant statistics; the top-5 alternatives of the
-    (at most ``k``) example tokens need one no-grad backbone pass over the sequences that hold them, on
+    swapped in on diagnostics steps only), so no logits are materialised for the quadrant statistics; the top-5
+    alternatives of the (at most ``k``) example tokens need one no-grad backbone pass over the sequences that hold them, on
     diagnostics steps only. Population: rank 0's micro-batches (every rank sees an i.i.d. share of the step).
 
     Outputs (appended, one line per diagnostics step, flushed):
@@ -145,8 +148,6 @@ class TokenDiagnostics:
     FILES = ("diagnostics.jsonl", "silenced_examples.jsonl")
 
     def __init__(self, out_dir, *, every: int, objective, tokenizer, temperature: float, k: int = 8):
-        from pathlib import Path
-
         self.out_dir, self.every, self.objective = Path(out_dir), every, objective
         self.tokenizer, self.temperature, self.k = tokenizer, temperature, k
         self._captured: list[Tensor] = []
@@ -247,8 +248,6 @@ class TokenDiagnostics:
 
     def end_step(self, step: int) -> dict | None:
         """Write the step's line (and examples); return the line (None when nothing was recorded)."""
-        import json
-
         w, self._window, self._active = self._window, None, False
         self._model.forward = self._forwards[False]
         if w is None:
@@ -260,17 +259,7 @@ class TokenDiagnostics:
             row[f"quadrant/{name}_grad_norm"] = w["norm_sums"][name] / n if n else None
         h = torch.cat(w["entropies"])
         row.update(entropy_quantiles(h.view(1, -1), torch.ones(1, h.numel(), dtype=torch.bool)))
-        self._append("diagnostics.jsonl", json.dumps(row))
+        append_line(self.out_dir / "diagnostics.jsonl", json.dumps(row))
         for ex in w["examples"]:
-            self._append("silenced_examples.jsonl", json.dumps({"step": step, **ex}, ensure_ascii=False))
+            append_line(self.out_dir / "silenced_examples.jsonl", json.dumps({"step": step, **ex}, ensure_ascii=False))
         return row
-
-    def _append(self, name: str, line: str) -> None:
-        import os
-
-        path = self.out_dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())

@@ -49,7 +49,7 @@ import yaml
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from stapo.atomic import atomic_write
+from stapo.atomic import append_line, atomic_write
 from stapo.data import DatasetError, build_prompt, load_problems, validate_source
 from stapo.diagnostics import TokenDiagnostics
 from stapo.models import resolve_model
@@ -393,10 +393,7 @@ class MetricsJsonl(TrainerCallback):
             value = logs.get(key)
             row[name] = None if value is None or (isinstance(value, float) and math.isnan(value)) else value
         row["step_seconds"] = self._seconds
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.path, json.dumps(row))
 
 
 class CheckpointSentinel(TrainerCallback):
