@@ -25,6 +25,14 @@ Re-measured the same day on a quiet machine (load average 0.6 at start, 1.7 at t
     grade() 76.3 answers/s vs sequential grade_one 50.7 answers/s: speed-up 1.50x (target 1.8x NOT met); vs
     plain math-verify defaults (41.9 answers/s) 1.82x. CPU: 46.9 s pooled vs 78.4 s sequential for 4,000 answers.
     Adversarial: 52.7 s (budget 135 s), 25 ok / 20 timeout / 5 unparsable / 0 error; /tmp/pwned never created.
+    Where the 0.4x went: two pairs of the 2,000 time out (a Minerva equation whose sympy comparison runs for
+    minutes); the parent killed both workers at the deadline, and the replacements started with cold ANTLR / sympy
+    caches; and round-robin dispatch made both workers parse nearly every gold (~13 ms each, most of the work).
+After the fixes (deadline enforced inside the worker by SIGALRM, parent kill only HARD_GRACE later for workers
+stuck in C; all answers to one gold dispatched to one worker), quiet machine (load average 0.9 -> 1.7):
+    grade() 87.6 answers/s vs sequential grade_one 46.1 answers/s: speed-up 1.90x (target met); vs plain
+    math-verify defaults (42.8 answers/s) 2.05x. CPU: 86.2 s pooled vs 86.3 s sequential (the pool adds none).
+    Adversarial: 51.4 s (budget 135 s), 25 ok / 20 timeout / 5 unparsable / 0 error; /tmp/pwned never created.
 """
 
 from __future__ import annotations

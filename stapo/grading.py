@@ -10,9 +10,13 @@
 3. math-verify (LaTeX extraction only) parses prediction and gold and checks symbolic equivalence.
 
 Model output is text, never code: we never eval/exec/sympify it, and math-verify's ``ExprExtractionConfig`` (which
-calls ``sympy.parse_expr``, an ``eval``) is deliberately not used. Each answer runs in a worker process under a hard
-wall-clock deadline enforced by the parent: a worker that overruns (sympy stuck in C on ``9^{9^{9^{9}}}``) is
-killed and replaced, its answer gets ``status="timeout"``, and the batch continues. Workers also run under an
+calls ``sympy.parse_expr``, an ``eval``) is deliberately not used. Each answer has ``timeout`` seconds of wall clock,
+enforced twice: inside the worker by one SIGALRM deadline around the whole answer (parse, gold, verify; math-verify's
+own per-call alarms are off), which ends a slow Python-level computation and keeps the worker and its warm parser
+caches; and by the parent, ``HARD_GRACE`` s later, for a worker stuck in C (sympy on ``9^{9^{9^{9}}}``), which is
+killed and replaced. Either way the answer gets ``status="timeout"`` and the batch continues. (Killing at the first
+deadline costs the replacement's warm-up: ANTLR and sympy caches fill over the first few hundred answers, and that
+alone cut the pool's speed-up on 2 cores from ~1.9x to ~1.5x in benchmarks/bench_grading.py.) Workers also run under an
 address-space limit, so a runaway big-integer power fails with MemoryError instead of swapping the machine.
 
 The parent uses no signals, so ``grade`` works from any thread (Snakemake ``run:`` blocks, thread pools).
@@ -25,13 +29,16 @@ As with any multiprocessing start method other than fork, a script that calls ``
 from __future__ import annotations
 
 import atexit
+import logging
 import math
 import multiprocessing as mp
 import os
 import re
+import signal
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from multiprocessing.connection import wait
@@ -43,6 +50,7 @@ __all__ = ["Grade", "grade", "grade_one", "extract_answer", "last_number", "MAX_
 MAX_COMPLETION_CHARS = 4096  # only the tail of a completion is parsed
 WORKER_MEMORY_BYTES = 3 << 30  # RLIMIT_AS per worker
 PIPELINE_DEPTH = 3  # jobs queued per worker
+HARD_GRACE = 1.0  # s past an answer's deadline before the parent kills a worker that did not stop on its own
 STATUSES = ("ok", "timeout", "unparsable", "error")
 
 
@@ -78,43 +86,80 @@ def last_number(text: str) -> str | None:
     return found[-1].replace(",", "") if found else None
 
 
-def _parse_latex(text: str, seconds: int):
+def _parse_latex(text: str):
     from math_verify import LatexExtractionConfig, parse
 
-    return parse(text, extraction_config=[LatexExtractionConfig(boxed_match_priority=0)], parsing_timeout=seconds)
+    return parse(text, extraction_config=[LatexExtractionConfig(boxed_match_priority=0)], parsing_timeout=None)
 
 
 @lru_cache(maxsize=4096)
-def _parse_gold(gold: str, seconds: int):
+def _parse_gold(gold: str):
     """Gold answers repeat N times per problem (avg@N): parse each once per worker."""
-    return _parse_latex(f"${gold}$", seconds)
+    return _parse_latex(f"${gold}$")
+
+
+class _Timeout(BaseException):
+    """Raised at an answer's deadline; a BaseException, like math-verify's own, so its ``except Exception`` passes it."""
+
+
+@contextmanager
+def _deadline(seconds: float):
+    """SIGALRM after ``seconds`` of wall clock raises :class:`_Timeout` (main thread only)."""
+
+    def expire(signum, frame):
+        raise _Timeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class _OwnTimeouts(logging.Filter):
+    """math-verify warns that its timeouts are off: ours (``_deadline``) replace them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.grader", "math_verify.parser"):
+    logging.getLogger(_name).addFilter(_OwnTimeouts())
 
 
 def grade_one(completion: str, gold: str, timeout: float = 5.0) -> Grade:
-    """Grade one completion in THIS process (math-verify's SIGALRM timeouts: call from a main thread).
+    """Grade one completion in THIS process, within ``timeout`` s (a SIGALRM deadline: call from a main thread).
 
     This is what a worker runs; ``grade`` adds the process pool and the hard deadline around it.
     """
+    tail = completion[-MAX_COMPLETION_CHARS:]
+    try:
+        with _deadline(timeout):
+            return _grade_tail(tail, str(gold))
+    except _Timeout:
+        return Grade(False, extract_answer(tail), "timeout")
+
+
+def _grade_tail(tail: str, gold: str) -> Grade:
     from math_verify import verify
 
-    seconds = max(1, math.ceil(timeout))
-    tail = completion[-MAX_COMPLETION_CHARS:]
     boxed = last_boxed(tail)
-    pred = _parse_latex(f"${boxed}$" if boxed is not None else tail, seconds)
+    pred = _parse_latex(f"${boxed}$" if boxed is not None else tail)
     extracted = boxed if boxed is not None else (str(pred[-1]) if pred else None)
     if not pred and boxed is None:
         # Plain-text answers ("... = 19."): the last number, found by a regex and parsed as LaTeX (still no eval).
         number = last_number(tail)
         if number is not None:
-            extracted, pred = number, _parse_latex(f"${number}$", seconds)
-    gold_parsed = _parse_gold(str(gold), seconds)
+            extracted, pred = number, _parse_latex(f"${number}$")
+    gold_parsed = _parse_gold(gold)
     if not pred or not gold_parsed:
         # Not parsable as LaTeX (e.g. "\text{Evelyn}" vs a name): fall back to the normalised string match.
-        if extracted is not None and normalize_answer(extracted) == normalize_answer(str(gold)):
+        if extracted is not None and normalize_answer(extracted) == normalize_answer(gold):
             return Grade(True, extracted, "ok")
         return Grade(False, extracted, "unparsable")
-    correct = bool(verify(gold_parsed, pred, timeout_seconds=seconds))
-    return Grade(correct, extracted, "ok")
+    return Grade(bool(verify(gold_parsed, pred, timeout_seconds=None)), extracted, "ok")
 
 
 # --------------------------------------------------------------------------------------------- worker pool
@@ -171,7 +216,8 @@ class _Worker:
 
     @property
     def deadline(self) -> float:
-        return self.head_since + self.timeout if self.jobs else math.inf
+        """When the parent kills this worker: the head job's own deadline (in the worker) plus ``HARD_GRACE``."""
+        return self.head_since + self.timeout + HARD_GRACE if self.jobs else math.inf
 
     def submit(self, index: int, completion: str, gold: str, timeout: float) -> None:
         # only the tail is graded: sending just the tail keeps every message small (the pipe never blocks us)
@@ -247,7 +293,7 @@ def grade(completions: list[str], golds: list[str], *, timeout: float = 5.0, wor
     with _POOL_LOCK:
         pool = _take_workers(ctx, n_workers)
         try:
-            _run_pool(pool, ctx, deque(range(len(completions))), completions, golds, timeout, results)
+            _run_pool(pool, ctx, completions, golds, timeout, results)
         finally:
             for w in pool:
                 if w.jobs:  # interrupted mid-batch: its late answers must not reach the next call
@@ -256,28 +302,51 @@ def grade(completions: list[str], golds: list[str], *, timeout: float = 5.0, wor
     return results  # type: ignore[return-value]
 
 
-def _run_pool(pool, ctx, todo, completions, golds, timeout, results) -> None:
-    """Dispatch loop: keep every worker's queue filled, collect answers, kill and replace workers past a deadline."""
+def _gold_queues(golds, n: int) -> list[deque]:
+    """Indices of the pairs, one queue per worker, all answers to one gold in the same queue (in order).
+
+    The worker then parses that gold once: gold parsing is most of the work when N samples share a problem (avg@N),
+    and round-robin dispatch made every worker parse almost every gold.
+    """
+    queues = [deque() for _ in range(n)]
+    for i, gold in enumerate(golds):
+        queues[hash(str(gold)) % n].append(i)
+    return queues
+
+
+def _next_job(queues: list[deque], k: int) -> int | None:
+    """Worker k's next pair: the head of its own queue, else (it would idle) the back of the longest queue."""
+    if queues[k]:
+        return queues[k].popleft()
+    longest = max(queues, key=len)
+    return longest.pop() if longest else None
+
+
+def _run_pool(pool, ctx, completions, golds, timeout, results) -> None:
+    """Dispatch loop: keep every worker's queue filled, collect answers, kill and replace workers past a deadline.
+
+    Work is dispatched from per-worker queues (``_gold_queues``, ``_next_job``).
+    """
+    queues = _gold_queues(golds, len(pool))
 
     def fail(k: int, status: str | None) -> None:
-        """Kill worker k; its head job gets ``status`` (None: requeue it too); queued jobs go back to ``todo``."""
+        """Kill worker k; its head job gets ``status`` (None: requeue it too); queued jobs go back to its queue."""
         w = pool[k]
         if w.jobs and status is not None:
             i = w.jobs.popleft()
             results[i] = Grade(False, extract_answer(str(completions[i])), status)
-        todo.extendleft(reversed(w.jobs))
+        queues[k].extendleft(reversed(w.jobs))
         w.jobs.clear()
         w.kill()
         pool[k] = _Worker(ctx)
 
-    while todo or any(w.jobs for w in pool):
-        for k, w in enumerate(pool):
-            while todo and len(pool[k].jobs) < PIPELINE_DEPTH:
-                i = todo.popleft()
+    while any(queues) or any(w.jobs for w in pool):
+        for k in range(len(pool)):
+            while len(pool[k].jobs) < PIPELINE_DEPTH and (i := _next_job(queues, k)) is not None:
                 try:
                     pool[k].submit(i, str(completions[i]), str(golds[i]), timeout)
                 except OSError:  # the worker died: its running job is an error, the rest are retried
-                    todo.appendleft(i)
+                    queues[k].appendleft(i)
                     fail(k, "error" if pool[k].jobs else None)
         busy = [w for w in pool if w.jobs]
         wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())

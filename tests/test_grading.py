@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,39 @@ def test_stuck_worker_is_replaced_and_batch_continues():
     grades = grade(comps, ["1", "1", "1", "2", "4"], timeout=1.5, workers=1)
     assert [g.status for g in grades] == ["timeout", "ok", "timeout", "ok", "ok"]
     assert [g.correct for g in grades] == [False, True, False, True, False]
+
+
+# A real Minerva gold and a wrong answer whose sympy comparison runs for minutes in Python code (benchmark pair).
+SLOW_GOLD = "m l \\ddot{\\theta}(t)-m g \\sin \\theta(t)=f(t) \\cos \\theta(t)"
+
+
+@pytest.mark.timeout(120)
+def test_slow_python_answer_times_out_in_the_worker_which_is_kept():
+    from stapo import grading
+
+    t = time.monotonic()
+    g = grade_one(f"\\boxed{{{SLOW_GOLD}+1}}", SLOW_GOLD, timeout=1.0)
+    assert g.status == "timeout" and not g.correct and g.extracted == SLOW_GOLD + "+1"
+    assert time.monotonic() - t < 1.5
+    grade([_completion("1")], ["1"], workers=1)
+    pid = grading._POOL[0].proc.pid
+    grades = grade([_completion(SLOW_GOLD + "+1"), _completion("2")], [SLOW_GOLD, "2"], timeout=1.0, workers=1)
+    assert [g.status for g in grades] == ["timeout", "ok"] and grades[1].correct
+    assert grading._POOL[0].proc.pid == pid  # stopped by its own deadline, not killed: warm caches kept
+
+
+def test_answers_to_one_gold_queue_for_one_worker_and_idle_workers_take_from_the_longest_queue():
+    from stapo.grading import _gold_queues, _next_job
+
+    golds = ["1", "2", "1", "3", "\\frac{1}{2}", "2", "1"] * 3
+    queues = _gold_queues(golds, 3)
+    assert sorted(i for q in queues for i in q) == list(range(len(golds)))
+    for gold in set(golds):
+        assert sum(any(golds[i] == gold for i in q) for q in queues) == 1  # parsed by one worker only
+    assert all(list(q) == sorted(q) for q in queues)
+    queues = [deque([0, 1]), deque(), deque([2, 3, 4])]
+    assert [_next_job(queues, 0), _next_job(queues, 1), _next_job(queues, 1), _next_job(queues, 2)] == [0, 4, 3, 2]
+    assert _next_job(queues, 2) == 1 and _next_job(queues, 0) is None
 
 
 def test_grade_from_a_non_main_thread():
