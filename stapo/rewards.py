@@ -9,8 +9,8 @@
 Both are TRL reward functions: ``f(prompts, completions, answer, **kwargs) -> list[float]``, where ``answer`` is the
 dataset column with the gold answers (TRL passes every extra dataset column as a keyword list).
 
-math-verify's timeouts use SIGALRM, which only works in the main thread of a process. ``math_verify`` therefore
-grades through :func:`stapo.grading.grade` (worker processes, deadline enforced by the parent), so it is safe inside
+Grading timeouts use SIGALRM, which only works in the main thread of a process. ``math_verify`` therefore grades
+through :func:`stapo.grading.grade` (worker processes; a worker stuck past its deadline is killed), so it is safe inside
 TRL's reward plumbing, Snakemake ``run:`` blocks or any thread pool — and it grades exactly as the evaluation does.
 """
 
