@@ -18,6 +18,10 @@ Measured 2026-12-02, 2 CPU cores shared with two other jobs (load average ~5), -
     trl-dapo              33.781  1.000         1254  1.000
     stapo-justrl          35.133  1.040         1262  1.006
     stapo-stapo           35.405  1.048         1251  0.997
+Diagnostics every step, quiet machine, --rounds 3 --steps 4 --variants stapo-stapo,stapo-diag (9 timed steps each):
+    with Σπ² from a second TRL fused head over every position:   1.095 and 1.049 (two runs; target NOT met)
+    with Σπ² recomputed for the positive-advantage tokens only:   stapo-stapo 11.756 s, stapo-diag 11.952 s = 1.017,
+                                                                  peak RSS 1237 vs 1256 MB (1.016)
 """
 
 from __future__ import annotations

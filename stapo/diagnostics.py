@@ -134,122 +134,127 @@ def silenced_examples(
 class TokenDiagnostics:
     """Collects the statistics above during training, every ``every`` optimiser steps, and writes them.
 
-    Cost: the collision probability comes from TRL's fused LM head (its ``log_sum_sq_probs`` output, from a head
-    swapped in on diagnostics steps only), so no logits are materialised for the quadrant statistics; the top-5
-    alternatives of the (at most ``k``) example tokens need one no-grad backbone pass over the sequences that hold them, on
-    diagnostics steps only. Population: rank 0's micro-batches (every rank sees an i.i.d. share of the step).
+    Cost, on diagnostics steps only: a forward hook keeps the backbone's last hidden states of the loss forward (a
+    reference, no copy); from them the collision probability Σπ² of the positive-advantage completion tokens (the
+    population; all other tokens are never needed) is recomputed without gradient through the LM head with TRL's
+    chunked kernel (no [N, V] logits), and the top-5 alternatives at the (at most ``k``) example tokens come from the
+    same hidden states. Log-probs and entropies are TRL's own. Every other step costs nothing.
 
-    Outputs (appended, one line per diagnostics step, flushed):
+    Distributed: every rank calls :meth:`observe` (under DeepSpeed ZeRO-3 reading the LM head is a collective
+    gather, which all ranks must enter); only the ``writer`` (rank 0) computes and writes, from its own micro-batches
+    (every rank sees an i.i.d. share of the step).
+
+    Outputs (appended, one line per diagnostics step, fsynced):
         <out>/diagnostics.jsonl       step, quadrant/* (counts, mean ‖∇_a J‖, τ_h), entropy_q10 … entropy_q90
         <out>/silenced_examples.jsonl step + records of :func:`silenced_examples` (S2T's silenced tokens — the
                                       tokens it silences, or would silence under another method)
     """
 
     FILES = ("diagnostics.jsonl", "silenced_examples.jsonl")
+    VOCAB_CHUNK = 32768  # vocabulary tile of the no-grad head pass (TRL's fused head uses the same)
 
-    def __init__(self, out_dir, *, every: int, objective, tokenizer, temperature: float, k: int = 8):
+    def __init__(self, out_dir, *, every: int, objective, tokenizer, temperature: float, k: int = 8,
+                 writer: bool = True):
         self.out_dir, self.every, self.objective = Path(out_dir), every, objective
-        self.tokenizer, self.temperature, self.k = tokenizer, temperature, k
-        self._captured: list[Tensor] = []
+        self.tokenizer, self.temperature, self.k, self.writer = tokenizer, temperature, k, writer
+        self._hidden: Tensor | None = None
         self._active = False
         self._window: dict | None = None
 
     # -- set-up -------------------------------------------------------------------------------------------
 
-    def attach(self, model, *, cast_lm_head_to_fp32: bool = False) -> None:
-        """Build a second fused head that also returns log Σπ², used on diagnostics steps only, and capture it.
+    def attach(self, model) -> None:
+        """Hook the backbone (``model.base_model``) to keep its last hidden states while a diagnostics step runs."""
+        text_config = model.config.get_text_config()
+        if getattr(text_config, "final_logit_softcapping", None) or getattr(text_config, "logit_scale", None):
+            raise ValueError("token diagnostics: logit soft-capping / scaling is not supported "
+                             f"({type(model).__name__}); set train.diagnostics_every: 0")
+        self._model = model
 
-        TRL's own head (log-probs, entropy) stays in place on every other step, so they cost nothing extra.
-        """
-        from trl.trainer.utils import add_fused_lm_head
+        def keep(module, args, output):
+            if self._active:
+                self._hidden = output.last_hidden_state.detach()
 
-        plain = model.forward
-        add_fused_lm_head(model, temperature=self.temperature, cast_lm_head_to_fp32=cast_lm_head_to_fp32,
-                          outputs=("log_probs", "entropy", "log_sum_sq_probs"))
-        self._model, self._forwards = model, {False: plain, True: model.forward}
-        model.forward = plain
-
-        def capture(module, args, kwargs, output):
-            if self._active and kwargs.get("fused_lm_head") and getattr(output, "log_sum_sq_probs", None) is not None:
-                self._captured.append(output.log_sum_sq_probs.detach())
-
-        model.register_forward_hook(capture, with_kwargs=True)
+        model.base_model.register_forward_hook(keep)
 
     def begin_step(self, next_step: int) -> None:
         """Called before the micro-batches of optimiser step ``next_step`` (1-based)."""
         self._active = self.every > 0 and next_step % self.every == 0
-        self._model.forward = self._forwards[self._active]
-        self._captured.clear()
+        self._hidden = None
 
     # -- per micro-batch ------------------------------------------------------------------------------------
 
     def observe(self, *, model, inputs: dict, logps: Tensor, old_logps: Tensor, entropies: Tensor) -> None:
-        """Accumulate one micro-batch (call right after TRL's per-token forward of the policy)."""
+        """Accumulate one micro-batch (call right after TRL's per-token forward of the policy, on every rank)."""
         if not self._active:
             return
-        t = logps.size(1)
-        # the policy's loss forward is the latest fused call (TRL scores a micro-batch in one call)
-        collision = self._captured[-1][:, -t:].exp() if self._captured else None
-        self._captured.clear()
-        if collision is None or collision.shape != logps.shape:
-            return  # not the policy's fused forward (e.g. a reference or old-policy pass): nothing to record
+        from trl.trainer.utils import maybe_gather_lm_head_ctx
+
+        hidden, self._hidden = self._hidden, None
+        prompt_len, t = inputs["prompt_ids"].size(1), logps.size(1)
+        if hidden is None or hidden.shape[:2] != (logps.size(0), prompt_len + t):
+            raise RuntimeError("token diagnostics: the policy's hidden states were not captured for this micro-batch")
+        hidden = hidden[:, prompt_len - 1 : prompt_len - 1 + t]  # position i predicts completion token i
+        head = model.get_output_embeddings()
+        with maybe_gather_lm_head_ctx(head.weight, head.bias):  # a collective under ZeRO-3: every rank enters
+            if self.writer:
+                self._record(head, hidden, inputs, logps.detach(), old_logps.detach(), entropies.detach())
+
+    @torch.no_grad()
+    def _record(self, head, hidden: Tensor, inputs: dict, logps: Tensor, old_logps: Tensor, entropies: Tensor):
+        from trl.kernels import ChunkedLogProbFunction
+
         cfg, adv, mask = self.objective, inputs["advantages"], inputs["completion_mask"]
-        ratio = torch.exp(logps.detach() - old_logps.detach())
-        stats = quadrant_stats(logps=logps, entropies=entropies, collision=collision, ratio=ratio, advantages=adv,
-                               completion_mask=mask, tau_p=cfg.tau_p, q=cfg.entropy_quantile,
-                               eps_low=cfg.eps_low, eps_high=cfg.eps_high)
+        pop = mask.bool() & (adv > 0).unsqueeze(-1)
+        collision = torch.zeros_like(logps, dtype=torch.float32)  # only the population's entries are used
+        if pop.any():
+            out = ChunkedLogProbFunction.apply(hidden[pop], head.weight, head.bias, inputs["completion_ids"][pop],
+                                               self.temperature, self.VOCAB_CHUNK, None, 1.0, ("log_sum_sq_probs",))
+            collision[pop] = out[2].float().exp()
+        stats = quadrant_stats(logps=logps, entropies=entropies, collision=collision,
+                               ratio=torch.exp(logps - old_logps), advantages=adv, completion_mask=mask,
+                               tau_p=cfg.tau_p, q=cfg.entropy_quantile, eps_low=cfg.eps_low, eps_high=cfg.eps_high)
         w = self._window = self._window or {"counts": {}, "norm_sums": {}, "entropies": [], "examples": []}
         for name in QUADRANTS:
             n = stats[f"quadrant/{name}_count"]
             w["counts"][name] = w["counts"].get(name, 0.0) + n
             if n:
                 w["norm_sums"][name] = w["norm_sums"].get(name, 0.0) + n * stats[f"quadrant/{name}_grad_norm"]
-        w["entropies"].append(entropies.detach()[mask.bool()].float())
+        w["entropies"].append(entropies[mask.bool()].float())
         if len(w["examples"]) < self.k:
-            w["examples"] += self._examples(model, inputs, logps, entropies, self.k - len(w["examples"]))
+            w["examples"] += self._examples(head, hidden, inputs, logps, entropies, self.k - len(w["examples"]))
 
-    def _examples(self, model, inputs, logps, entropies, k) -> list[dict]:
+    def _examples(self, head, hidden, inputs, logps, entropies, k) -> list[dict]:
         adv, mask = inputs["advantages"], inputs["completion_mask"]
-        # S2T on this micro-batch alone: rank 0 only runs this, so no cross-rank gather (it would deadlock)
+        # S2T on this micro-batch alone: the writer only runs this, so no cross-rank gather (it would deadlock)
         cand = candidate_mask(logps=logps, advantages=adv, completion_mask=mask, tau_p=self.objective.tau_p)
         if not cand.any():
             return []
-        h = entropies.detach().float()
+        h = entropies.float()
         sil = cand & (h < quantile(h[cand], self.objective.entropy_quantile))
         if not sil.any():
             return []
-        top_ids, top_logps = self._top_alternatives(model, inputs, sil, k)
-        return silenced_examples(silenced=sil, completion_ids=inputs["completion_ids"], logps=logps.detach(),
-                                 entropies=entropies.detach(), advantages=adv, top_ids=top_ids,
-                                 top_logps=top_logps, tokenizer=self.tokenizer, k=k)
+        top_ids, top_logps = self._top_alternatives(head, hidden, sil, k)
+        return silenced_examples(silenced=sil, completion_ids=inputs["completion_ids"], logps=logps,
+                                 entropies=entropies, advantages=adv, top_ids=top_ids, top_logps=top_logps,
+                                 tokenizer=self.tokenizer, k=k)
 
-    @torch.no_grad()
-    def _top_alternatives(self, model, inputs, sil: Tensor, k: int, top: int = 5):
+    def _top_alternatives(self, head, hidden: Tensor, sil: Tensor, k: int, top: int = 5):
         """Top-``top`` (ids, log-probs) [B, T, top] at the first ``k`` silenced positions (zeros elsewhere)."""
         b_sz, t_len = sil.shape
         ids = torch.zeros(b_sz, t_len, top, dtype=torch.long, device=sil.device)
         lps = torch.full((b_sz, t_len, top), float("-inf"), device=sil.device)
         picks = sil.nonzero()[:k]
-        rows = picks[:, 0].unique()
-        prompt_len = inputs["prompt_ids"].size(1)
-        input_ids = torch.cat([inputs["prompt_ids"][rows], inputs["completion_ids"][rows]], dim=1)
-        attn = torch.cat([inputs["prompt_mask"][rows], inputs["completion_mask"][rows]], dim=1)
-        hidden = model.base_model(input_ids=input_ids, attention_mask=attn).last_hidden_state
-        head = model.get_output_embeddings()
-        for b, t in picks.tolist():
-            r = int((rows == b).nonzero()[0])
-            h = hidden[r, prompt_len + t - 1].to(head.weight.dtype)  # position predicting completion token t
-            logits = head(h).float() / self.temperature
-            top_lp, top_id = torch.log_softmax(logits, -1).topk(top)
-            ids[b, t], lps[b, t] = top_id, top_lp
+        logits = head(hidden[picks[:, 0], picks[:, 1]].to(head.weight.dtype)).float() / self.temperature
+        top_lp, top_id = torch.log_softmax(logits, -1).topk(top)
+        ids[picks[:, 0], picks[:, 1]], lps[picks[:, 0], picks[:, 1]] = top_id, top_lp
         return ids, lps
 
     # -- optimiser-step boundary ------------------------------------------------------------------------------
 
     def end_step(self, step: int) -> dict | None:
         """Write the step's line (and examples); return the line (None when nothing was recorded)."""
-        w, self._window, self._active = self._window, None, False
-        self._model.forward = self._forwards[False]
+        w, self._window, self._active, self._hidden = self._window, None, False, None
         if w is None:
             return None
         row: dict = {"step": step}

@@ -251,10 +251,10 @@ class StapoGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, objective: ObjectiveConfig, diagnostics: TokenDiagnostics | None = None, **kwargs):
         self.objective = objective
         super().__init__(*args, **kwargs)
-        self._diagnostics = diagnostics if self.accelerator.is_main_process else None
-        if self._diagnostics is not None:
-            self._diagnostics.attach(self.accelerator.unwrap_model(self.model),
-                                     cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+        self._diagnostics = diagnostics
+        if diagnostics is not None:  # every rank observes (collectives under ZeRO-3); rank 0 writes
+            diagnostics.writer = self.accelerator.is_main_process
+            diagnostics.attach(self.accelerator.unwrap_model(self.model))
         self._window = None  # per-optimiser-step accumulators (local to this process)
         self._deepspeed = self.accelerator.distributed_type.value == "DEEPSPEED"
         if self._deepspeed and objective.method in ("stapo", "entropy20"):

@@ -1,5 +1,6 @@
 """The paper's gradient-norm theory checked against autograd, and the per-quadrant statistics."""
 
+import json
 import math
 
 import pytest
@@ -140,3 +141,58 @@ def test_silenced_examples_records():
     r = rows[0]
     assert r["token"] == "<3>" and r["context"] == "<1><2>" and r["p"] == pytest.approx(0.001)
     assert r["advantage"] == 1.0 and r["top"][0] == {"token": "<0>", "p": pytest.approx(0.5)}
+
+
+def test_recorder_matches_full_logits_and_writes_only_on_the_writer(tmp_path):
+    """TokenDiagnostics.observe (hidden states from a hook, Σπ² by TRL's kernel for the population only, top-5 from
+    the same hidden states) == the statistics computed from the model's full logits."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from stapo.diagnostics import TokenDiagnostics
+    from stapo.objectives import ObjectiveConfig
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    model = Qwen3ForCausalLM(cfg).eval()
+    b, p_len, t_len, temp = 4, 5, 7, 0.7
+    ids = torch.randint(0, 300, (b, p_len + t_len))
+    inputs = {"prompt_ids": ids[:, :p_len], "completion_ids": ids[:, p_len:], "advantages": torch.tensor([1.0, -1, 0.5, 2]),
+              "completion_mask": torch.ones(b, t_len, dtype=torch.long)}
+    inputs["completion_mask"][2, -2:] = 0
+    objective = ObjectiveConfig(method="stapo", tau_p=0.01, entropy_quantile=0.5)
+    out = {}
+    for writer in (True, False):
+        diag = TokenDiagnostics(tmp_path / str(writer), every=1, objective=objective, tokenizer=_Tok(),
+                                temperature=temp, k=3, writer=writer)
+        diag.attach(model)
+        diag.begin_step(1)
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[:, p_len - 1 : -1].float() / temp
+        flat = token_stats(logits.reshape(-1, 300), inputs["completion_ids"].reshape(-1))
+        logps, ent, coll = (x.view(b, t_len) for x in (flat.logps, flat.entropies, flat.collision))
+        old = logps - 0.05  # ratios ≠ 1
+        diag.observe(model=model, inputs=inputs, logps=logps, old_logps=old, entropies=ent)
+        out[writer] = diag.end_step(1)
+    assert out[False] is None and not (tmp_path / "False").exists()
+    expected = quadrant_stats(logps=logps, entropies=ent, collision=coll, ratio=torch.exp(logps - old), advantages=inputs["advantages"],
+                              completion_mask=inputs["completion_mask"], tau_p=0.01, q=0.5, eps_low=0.2,
+                              eps_high=0.28)
+    row = out[True]
+    for q in ("lowp_lowh", "lowp_highh", "highp_lowh", "highp_highh"):
+        assert row[f"quadrant/{q}_count"] == expected[f"quadrant/{q}_count"]
+        if expected[f"quadrant/{q}_count"]:
+            assert row[f"quadrant/{q}_grad_norm"] == pytest.approx(expected[f"quadrant/{q}_grad_norm"], rel=1e-4)
+    assert sum(row[f"quadrant/{q}_count"] for q in ("lowp_lowh", "lowp_highh", "highp_lowh", "highp_highh")) == 3 * 7 - 2
+
+    examples = [json.loads(x) for x in (tmp_path / "True" / "silenced_examples.jsonl").read_text().splitlines()]
+    assert examples, "expected silenced tokens with tau_p = 0.01 on a random 300-token model"
+    probs = torch.softmax(logits, -1)
+    for ex in examples:
+        assert ex["p"] < 0.01 and ex["advantage"] > 0 and len(ex["top"]) == 5
+        tops = [a["p"] for a in ex["top"]]
+        # the record's alternatives are the true top-5 of some position whose sampled token it names
+        matches = [(bb, tt) for bb in range(b) for tt in range(t_len)
+                   if _Tok().decode([int(inputs["completion_ids"][bb, tt])]) == ex["token"]
+                   and torch.allclose(probs[bb, tt].topk(5).values, torch.tensor(tops), rtol=1e-4)]
+        assert matches
