@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from stapo.atomic import append_line
-from stapo.objectives import candidate_mask, quantile
+from stapo.objectives import candidate_mask, quantile, silence_mask
 
 __all__ = [
     "QUADRANTS",
@@ -225,13 +225,10 @@ class TokenDiagnostics:
             w["examples"] += self._examples(head, hidden, inputs, logps, entropies, self.k - len(w["examples"]))
 
     def _examples(self, head, hidden, inputs, logps, entropies, k) -> list[dict]:
-        adv, mask = inputs["advantages"], inputs["completion_mask"]
+        adv = inputs["advantages"]
         # S2T on this micro-batch alone: the writer only runs this, so no cross-rank gather (it would deadlock)
-        cand = candidate_mask(logps=logps, advantages=adv, completion_mask=mask, tau_p=self.objective.tau_p)
-        if not cand.any():
-            return []
-        h = entropies.float()
-        sil = cand & (h < quantile(h[cand], self.objective.entropy_quantile))
+        sil = silence_mask(logps=logps, entropies=entropies, advantages=adv, completion_mask=inputs["completion_mask"],
+                           tau_p=self.objective.tau_p, q=self.objective.entropy_quantile, gather=False)
         if not sil.any():
             return []
         top_ids, top_logps = self._top_alternatives(head, hidden, sil, k)

@@ -168,16 +168,19 @@ def candidate_mask(*, logps: Tensor, advantages: Tensor, completion_mask: Tensor
 
 
 def silence_mask(
-    *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor, tau_p: float, q: float
+    *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor, tau_p: float, q: float,
+    gather: bool = True,
 ) -> Tensor:
     """STAPO's S2T mask (paper Eq. stapo_loss): True = silenced spurious token. Bool [B, T].
 
-    silenced = candidates ∧ (H < τ_h), τ_h = quantile(H[candidates], q) over all ranks' candidates;
-    strict inequality, so a lone candidate (or all-tied candidates) is never silenced, and no candidates means
-    nothing is silenced. Probability and entropy are treated as constants (detached).
+    silenced = candidates ∧ (H < τ_h), τ_h = quantile(H[candidates], q) over all ranks' candidates (this rank's
+    alone with ``gather=False``, for callers that run on one rank only); strict inequality, so a lone candidate (or
+    all-tied candidates) is never silenced, and no candidates means nothing is silenced. Probability and entropy
+    are treated as constants (detached).
     """
     cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=completion_mask, tau_p=tau_p)
-    pool = _gather_across_ranks(entropies.detach()[cand].float())
+    pool = entropies.detach()[cand].float()
+    pool = _gather_across_ranks(pool) if gather else pool
     if pool.numel() == 0:
         return torch.zeros_like(cand)
     tau_h = quantile(pool, q)
