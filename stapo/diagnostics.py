@@ -166,10 +166,11 @@ class TokenDiagnostics:
     def attach(self, model) -> None:
         """Hook the backbone (``model.base_model``) to keep its last hidden states while a diagnostics step runs."""
         text_config = model.config.get_text_config()
-        if getattr(text_config, "final_logit_softcapping", None) or getattr(text_config, "logit_scale", None):
-            raise ValueError("token diagnostics: logit soft-capping / scaling is not supported "
-                             f"({type(model).__name__}); set train.diagnostics_every: 0")
-        self._model = model
+        # the no-grad head pass computes softmax(h·Wᵀ / T): models that soft-cap or rescale logits would differ
+        for key in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling"):
+            if getattr(text_config, key, None) not in (None, 1, 1.0):
+                raise ValueError(f"token diagnostics: {type(model).__name__} sets {key}={getattr(text_config, key)}, "
+                                 "which they do not support; set train.diagnostics_every: 0")
 
         def keep(module, args, output):
             if self._active:
@@ -242,7 +243,9 @@ class TokenDiagnostics:
         ids = torch.zeros(b_sz, t_len, top, dtype=torch.long, device=sil.device)
         lps = torch.full((b_sz, t_len, top), float("-inf"), device=sil.device)
         picks = sil.nonzero()[:k]
-        logits = head(hidden[picks[:, 0], picks[:, 1]].to(head.weight.dtype)).float() / self.temperature
+        # the weight itself, not head(...): under ZeRO-3 the module's hooks would gather again, on this rank alone
+        h = hidden[picks[:, 0], picks[:, 1]].to(head.weight.dtype)
+        logits = torch.nn.functional.linear(h, head.weight, head.bias).float() / self.temperature
         top_lp, top_id = torch.log_softmax(logits, -1).topk(top)
         ids[picks[:, 0], picks[:, 1]], lps[picks[:, 0], picks[:, 1]] = top_id, top_lp
         return ids, lps
