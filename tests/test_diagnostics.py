@@ -196,3 +196,18 @@ def test_recorder_matches_full_logits_and_writes_only_on_the_writer(tmp_path):
                    if _Tok().decode([int(inputs["completion_ids"][bb, tt])]) == ex["token"]
                    and torch.allclose(probs[bb, tt].topk(5).values, torch.tensor(tops), rtol=1e-4)]
         assert matches
+
+
+def test_recorder_refuses_models_that_rescale_logits(tmp_path):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from stapo.diagnostics import TokenDiagnostics
+    from stapo.objectives import ObjectiveConfig
+
+    cfg = Qwen3Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    cfg.final_logit_softcapping = 30.0
+    diag = TokenDiagnostics(tmp_path, every=1, objective=ObjectiveConfig(method="stapo"), tokenizer=_Tok(),
+                            temperature=1.0)
+    with pytest.raises(ValueError, match="final_logit_softcapping=30.0"):
+        diag.attach(Qwen3ForCausalLM(cfg))
