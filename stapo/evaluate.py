@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import logging
 import sqlite3
@@ -227,14 +228,19 @@ class ResumableLM(_lm_base()):
 
 
 def build_lm(cfg: EvalConfig, model_path: str):
-    """lm-eval's ``hf`` (CPU) or ``vllm`` (GPU) model for ``model_path``."""
+    """lm-eval's ``hf`` (CPU, or one GPU when there is one) or ``vllm`` (GPU) model for ``model_path``."""
+    import torch
     from lm_eval.api.registry import get_model
 
     max_len = cfg.max_new_tokens + MAX_PROMPT_TOKENS
     if cfg.backend == "hf":
         args = {"pretrained": model_path, "max_length": max_len, **cfg.backend_args}
         batch_size = args.pop("batch_size", 8)
-        return get_model("hf").create_from_arg_obj(args, {"batch_size": batch_size, "device": "cpu"})
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return get_model("hf").create_from_arg_obj(args, {"batch_size": batch_size, "device": device})
+    if importlib.util.find_spec("vllm") is None:
+        raise RuntimeError("backend 'vllm' needs the vllm package (the GPU stack of environment.yml); "
+                           "without it use --backend hf (or eval.backend: hf in the recipe)")
     args = {"pretrained": model_path, "max_model_len": max_len, "seed": cfg.seed, **cfg.backend_args}
     return get_model("vllm").create_from_arg_obj(args, {"batch_size": "auto"})
 
