@@ -154,7 +154,7 @@ def test_slow_python_answer_times_out_in_the_worker_which_is_kept():
     t = time.monotonic()
     g = grade_one(f"\\boxed{{{SLOW_GOLD}+1}}", SLOW_GOLD, timeout=1.0)
     assert g.status == "timeout" and not g.correct and g.extracted == SLOW_GOLD + "+1"
-    assert time.monotonic() - t < 1.5
+    assert time.monotonic() - t < 3  # the comparison alone runs for minutes
     grade([_completion("1")], ["1"], workers=1)
     pid = grading._POOL[0].proc.pid
     grades = grade([_completion(SLOW_GOLD + "+1"), _completion("2")], [SLOW_GOLD, "2"], timeout=1.0, workers=1)
