@@ -385,7 +385,7 @@ def _quadrant_panel(ax, diagnostics: dict, model: str, methods: list[str]) -> bo
 
 def _quantile_panel(ax, diagnostics: dict, model: str, methods: list[str]) -> bool:
     """Entropy quantile curves vs step: colour = method, line style = quantile (10 … 90 %)."""
-    styles = (":", "-.", "-", "--", ":")
+    styles = (":", "--", "-", "--", ":")
     drew = False
     for i, method in enumerate(m for m in methods if diagnostics.get((model, m))):
         for key, style in zip(QUANTILE_KEYS, styles):
@@ -393,6 +393,11 @@ def _quantile_panel(ax, diagnostics: dict, model: str, methods: list[str]) -> bo
             label = METHOD_NAMES.get(method, method) if key == "entropy_q50" else None
             ax.plot(xs, ys, style, color=f"C{i}", lw=1.8 if key == "entropy_q50" else 0.9, label=label)
             drew = True
+    if drew:  # the line styles, once, in grey
+        for style, label in (("-", "median"), ("--", "25 / 75 %"), (":", "10 / 90 %")):
+            ax.plot([], [], style, color="grey", lw=0.9, label=label)
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high + 0.3 * (high - low))  # room for the legend above the 90 % curve
     ax.set_xlabel("training step")
     ax.set_ylabel("token entropy quantiles 10–90 % (nats)")
     return drew
@@ -426,7 +431,8 @@ def draw_figure(kind: str, model: str, scores: list[Score], metrics: dict, metho
     if not drew:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
     elif ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, frameon=False, loc="upper right" if kind == "quadrants" else "best")
+        ax.legend(fontsize=7, frameon=False, loc="upper right" if kind in ("quadrants", "entropy_quantiles") else "best",
+                  ncol=4 if kind == "entropy_quantiles" else 1)
     ax.set_title(f"{MODEL_NAMES.get(model, model)}: {kind}", fontsize=10)
     fig.tight_layout()
     return fig
