@@ -150,7 +150,8 @@ class TokenDiagnostics:
                                       tokens it silences, or would silence under another method)
     """
 
-    FILES = ("diagnostics.jsonl", "silenced_examples.jsonl")
+    STATS_FILE, EXAMPLES_FILE = "diagnostics.jsonl", "silenced_examples.jsonl"
+    FILES = (STATS_FILE, EXAMPLES_FILE)
     VOCAB_CHUNK = 32768  # vocabulary tile of the no-grad head pass (TRL's fused head uses the same)
 
     def __init__(self, out_dir, *, every: int, objective, tokenizer, temperature: float, k: int = 8,
@@ -264,7 +265,7 @@ class TokenDiagnostics:
             row[f"quadrant/{name}_grad_norm"] = w["norm_sums"][name] / n if n else None
         h = torch.cat(w["entropies"])
         row.update(entropy_quantiles(h.view(1, -1), torch.ones(1, h.numel(), dtype=torch.bool)))
-        append_line(self.out_dir / "diagnostics.jsonl", json.dumps(row))
+        append_line(self.out_dir / self.STATS_FILE, json.dumps(row))
         for ex in w["examples"]:
-            append_line(self.out_dir / "silenced_examples.jsonl", json.dumps({"step": step, **ex}, ensure_ascii=False))
+            append_line(self.out_dir / self.EXAMPLES_FILE, json.dumps({"step": step, **ex}, ensure_ascii=False))
         return row

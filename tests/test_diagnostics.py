@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from stapo.diagnostics import (
+    QUADRANTS,
     entropy_quantiles,
     grad_norm_sq,
     gradient_norm_bounds,
@@ -157,8 +158,8 @@ def test_recorder_matches_full_logits_and_writes_only_on_the_writer(tmp_path):
     model = Qwen3ForCausalLM(cfg).eval()
     b, p_len, t_len, temp = 4, 5, 7, 0.7
     ids = torch.randint(0, 300, (b, p_len + t_len))
-    inputs = {"prompt_ids": ids[:, :p_len], "completion_ids": ids[:, p_len:], "advantages": torch.tensor([1.0, -1, 0.5, 2]),
-              "completion_mask": torch.ones(b, t_len, dtype=torch.long)}
+    inputs = {"prompt_ids": ids[:, :p_len], "completion_ids": ids[:, p_len:],
+              "advantages": torch.tensor([1.0, -1, 0.5, 2]), "completion_mask": torch.ones(b, t_len, dtype=torch.long)}
     inputs["completion_mask"][2, -2:] = 0
     objective = ObjectiveConfig(method="stapo", tau_p=0.01, entropy_quantile=0.5)
     out = {}
@@ -175,15 +176,15 @@ def test_recorder_matches_full_logits_and_writes_only_on_the_writer(tmp_path):
         diag.observe(model=model, inputs=inputs, logps=logps, old_logps=old, entropies=ent)
         out[writer] = diag.end_step(1)
     assert out[False] is None and not (tmp_path / "False").exists()
-    expected = quadrant_stats(logps=logps, entropies=ent, collision=coll, ratio=torch.exp(logps - old), advantages=inputs["advantages"],
-                              completion_mask=inputs["completion_mask"], tau_p=0.01, q=0.5, eps_low=0.2,
-                              eps_high=0.28)
+    expected = quadrant_stats(logps=logps, entropies=ent, collision=coll, ratio=torch.exp(logps - old),
+                              advantages=inputs["advantages"], completion_mask=inputs["completion_mask"],
+                              tau_p=0.01, q=0.5, eps_low=0.2, eps_high=0.28)
     row = out[True]
-    for q in ("lowp_lowh", "lowp_highh", "highp_lowh", "highp_highh"):
+    for q in QUADRANTS:
         assert row[f"quadrant/{q}_count"] == expected[f"quadrant/{q}_count"]
         if expected[f"quadrant/{q}_count"]:
             assert row[f"quadrant/{q}_grad_norm"] == pytest.approx(expected[f"quadrant/{q}_grad_norm"], rel=1e-4)
-    assert sum(row[f"quadrant/{q}_count"] for q in ("lowp_lowh", "lowp_highh", "highp_lowh", "highp_highh")) == 3 * 7 - 2
+    assert sum(row[f"quadrant/{q}_count"] for q in QUADRANTS) == 3 * 7 - 2  # rows with Â > 0, minus 2 padding
 
     examples = [json.loads(x) for x in (tmp_path / "True" / "silenced_examples.jsonl").read_text().splitlines()]
     assert examples, "expected silenced tokens with tau_p = 0.01 on a random 300-token model"
