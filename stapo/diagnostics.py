@@ -161,6 +161,7 @@ class TokenDiagnostics:
         self._hidden: Tensor | None = None
         self._active = False
         self._window: dict | None = None
+        self.tau_h: float | None = None  # the optimiser step's S2T threshold (mini-batch scope), set by the trainer
 
     # -- set-up -------------------------------------------------------------------------------------------
 
@@ -230,7 +231,8 @@ class TokenDiagnostics:
         adv = inputs["advantages"]
         # S2T on this micro-batch alone: the writer only runs this, so no cross-rank gather (it would deadlock)
         sil = silence_mask(logps=logps, entropies=entropies, advantages=adv, completion_mask=inputs["completion_mask"],
-                           tau_p=self.objective.tau_p, q=self.objective.entropy_quantile, gather=False)
+                           tau_p=self.objective.tau_p, q=self.objective.entropy_quantile, gather=False,
+                           tau_h=self.tau_h)
         if not sil.any():
             return []
         top_ids, top_logps = self._top_alternatives(head, hidden, sil, k)

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import parse_qsl
 
-__all__ = ["resolve_model", "cache_dir", "PAPER_MODELS", "TINY_QWEN3_DEFAULTS"]
+__all__ = ["resolve_model", "cache_dir", "end_of_turn_tokens", "PAPER_MODELS", "TINY_QWEN3_DEFAULTS"]
 
 # The paper's three base models (hub ids).
 PAPER_MODELS = {
@@ -148,3 +148,22 @@ def resolve_model(spec: str) -> str:
     if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
         raise FileNotFoundError(f"model: {spec!r} is neither a local model directory nor a hub id (owner/name)")
     return spec  # hub id: transformers / vLLM download it (or use HF_HUB_OFFLINE's cache)
+
+
+_TURN_PROBE = "STAPO-END-OF-TURN-PROBE"
+
+
+def end_of_turn_tokens(tokenizer) -> list[str]:
+    """Every token that ends an assistant turn: the EOS and the special token the chat template writes right after
+    an assistant message (Qwen3-Base: ``<|endoftext|>`` and ``<|im_end|>``). Generation stops at any of them.
+    """
+    tokens = [tokenizer.eos_token] if tokenizer.eos_token else []
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "1"}, {"role": "assistant", "content": _TURN_PROBE}], tokenize=False)
+        after = tokenizer.tokenize(text[text.rfind(_TURN_PROBE) + len(_TURN_PROBE):].lstrip(" "))
+        special = set(tokenizer.all_special_tokens) | {
+            t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+        if after and after[0] in special:
+            tokens.append(after[0])
+    return list(dict.fromkeys(tokens))

@@ -7,10 +7,15 @@ Shapes (B completions, T completion positions, right-padded):
     logps, old_logps, ref_logps, entropies, completion_mask   [B, T]
     advantages                                                [B]   one sequence-level advantage
 
-Per-token surrogate (all methods; paper Eq. 1-2), with ratio ρ = exp(logps − old_logps):
-    ℓ_t = −min(ρ_t Â, clip(ρ_t, 1 − ε_low, 1 + ε_high) Â)
+Per-token surrogate (all methods; paper Eq. 1-2, as verl 0.9.1 ``compute_policy_loss_vanilla`` computes it),
+with ratio ρ = exp(clamp(logps − old_logps, ±20)):
+    ℓ_t = −min(ρ_t Â, clip(ρ_t, 1 − ε_low, 1 + ε_high) Â)          for Â ≥ 0
+    ℓ_t = min(−min(ρ_t Â, clip(ρ_t, …) Â), c·|Â|)                    for Â < 0 (dual clip, c = clip_ratio_c)
+The dual clip caps a negative-advantage token's loss at c·|Â| (zero gradient beyond): it bites on tokens whose
+probability rose a lot since sampling (ρ > c), typically rare tokens (π_old ≈ 1e-6).
 
     grpo       mean_i [ Σ_t m_it (ℓ_it + β k3_it) / max(1, Σ_t m_it) ]           (paper Eq. 1; DeepSeekMath)
+               k3 = clamp(e^δ − δ − 1, ±10), δ = clamp(log π_ref − log π, ±20)   (verl ``low_var_kl``)
     justrl     Σ m ℓ / max(1, Σ m)                                              (paper Eq. 2; DAPO token-mean)
     entropy20  Σ k ℓ / max(1, Σ k),  k = m ∧ H ≥ quantile(H[m], 1 − ρ)           (arXiv 2506.01939 Eq. 6)
     stapo      Σ k ℓ / max(1, Σ k),  k = m ∧ ¬S2T                               (paper Eq. stapo_loss)
@@ -19,14 +24,24 @@ where the S2T ("spurious token") mask silences a token iff Â > 0 ∧ π(y_t) < 
 q-quantile of the entropies of the candidate tokens {Â > 0, π(y_t) < τ_p}. Silenced and dropped tokens leave
 both the numerator and the denominator.
 
-Quantile scope. The paper takes τ_h (and 20-Entropy its threshold) over "the mini-batch". Here a quantile is
-taken over the tokens of the call — one micro-batch — gathered from every rank when torch.distributed is
-initialised, i.e. the same scope as TRL's ``top_entropy_quantile``. With one micro-batch per optimiser step on
-one process the two scopes coincide.
+Aggregation (``loss_agg_mode``, verl's names): "token-mean" (Σ over tokens / number of kept tokens) for the
+JustRL family, "seq-mean-token-mean" for grpo.
+
+Quantile scope (``quantile_scope``). The paper takes τ_h (and 20-Entropy its threshold) over "the mini-batch":
+the 64 prompts × 8 completions of one optimiser step.
+    "mini_batch"   (default) the thresholds are computed once per optimiser step, before its first micro-batch,
+                   by :func:`step_thresholds` over every completion of the step on every rank; ``policy_loss``
+                   then receives them as ``thresholds``. Statistics (p, H of the candidates) come from the rollout
+                   policy π_old's no-grad forward (the one TRL runs per rollout batch), so they are fixed before
+                   any gradient; each token is then tested with the CURRENT policy's p and H against them. For
+                   the first optimiser step of a rollout batch π_old = π_θ, and the mask is exactly the paper's.
+    "micro_batch"  the quantile is taken inside ``policy_loss`` over the call's tokens — one micro-batch —
+                   gathered from every rank (TRL ``top_entropy_quantile`` semantics); an ablation of scope.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -44,9 +59,13 @@ __all__ = [
     "ablation_silence_mask",
     "high_entropy_mask",
     "quantile",
+    "Thresholds",
+    "step_thresholds",
 ]
 
 _METHOD_NAMES = ("grpo", "entropy20", "justrl", "stapo", "stapo_high", "stapo_random", "stapo_full")
+AGG_MODES = ("token-mean", "seq-mean-token-mean")
+SCOPES = ("mini_batch", "micro_batch")
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,15 @@ class ObjectiveConfig:
         entropy_quantile: STAPO's q; τ_h is the q-quantile of candidate entropies (paper: 0.75).
         top_entropy_ratio: 20-Entropy's ρ; the top-ρ fraction of tokens by entropy gets gradient (0.2).
         seed: seed of stapo_random's choice when policy_loss gets no generator.
+        clip_ratio_c: verl's dual-clip constant c: for Â < 0 the per-token loss is capped at c·|Â|
+            (JustRL's script: 10.0; verl's default 3.0, used for grpo). Must be > 1.
+        log_ratio_clip: log ρ is clamped to ±this before exp (verl: 20).
+        kl_log_ratio_clip, kl_clip: verl ``low_var_kl``: log(π_ref/π) clamped to ±20, k3 clamped to ±10.
+        loss_agg_mode: "token-mean" (JustRL family: one denominator, the kept tokens of the optimiser step) or
+            "seq-mean-token-mean" (GRPO: mean over completions of each completion's token-mean).
+        quantile_scope: "mini_batch" (paper; thresholds per optimiser step over all its completions on all
+            ranks, statistics from π_old) or "micro_batch" (per call, gathered across ranks) — see the module
+            docstring.
     """
 
     method: str
@@ -75,6 +103,17 @@ class ObjectiveConfig:
     entropy_quantile: float = 0.75
     top_entropy_ratio: float = 0.2
     seed: int = 0
+    clip_ratio_c: float = 10.0
+    log_ratio_clip: float = 20.0
+    kl_log_ratio_clip: float = 20.0
+    kl_clip: float = 10.0
+    loss_agg_mode: str = "token-mean"
+    quantile_scope: str = "mini_batch"
+
+    @property
+    def uses_thresholds(self) -> bool:
+        """True for the methods whose token mask needs an entropy threshold (20-Entropy, STAPO and ablations)."""
+        return self.method == "entropy20" or self.method.startswith("stapo")
 
     def __post_init__(self) -> None:
         if self.method not in _METHOD_NAMES:
@@ -91,10 +130,22 @@ class ObjectiveConfig:
             raise ValueError(f"entropy_quantile: must be in (0, 1), got {self.entropy_quantile}")
         if not 0.0 < self.top_entropy_ratio <= 1.0:
             raise ValueError(f"top_entropy_ratio: must be in (0, 1], got {self.top_entropy_ratio}")
+        if not self.clip_ratio_c > 1.0:
+            raise ValueError(f"clip_ratio_c: must be > 1 (verl's dual clip), got {self.clip_ratio_c}")
+        for key in ("log_ratio_clip", "kl_log_ratio_clip", "kl_clip"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key}: must be > 0, got {getattr(self, key)}")
+        if self.loss_agg_mode not in AGG_MODES:
+            raise ValueError(f"loss_agg_mode: unknown mode {self.loss_agg_mode!r}; expected one of {list(AGG_MODES)}")
+        if self.quantile_scope not in SCOPES:
+            raise ValueError(f"quantile_scope: unknown scope {self.quantile_scope!r}; expected one of {list(SCOPES)}")
 
 
 METHODS: dict[str, ObjectiveConfig] = {
-    "grpo": ObjectiveConfig("grpo", eps_low=0.2, eps_high=0.2, kl_beta=0.04),
+    # GRPO: symmetric clip, k3 KL to the reference, verl's default dual clip c = 3, sequence-mean of token-means
+    "grpo": ObjectiveConfig("grpo", eps_low=0.2, eps_high=0.2, kl_beta=0.04, clip_ratio_c=3.0,
+                            loss_agg_mode="seq-mean-token-mean"),
+    # JustRL family (JustRL's verl script: clip 0.2 / 0.28, clip_ratio_c 10, token-mean)
     "entropy20": ObjectiveConfig("entropy20"),
     "justrl": ObjectiveConfig("justrl"),
     "stapo": ObjectiveConfig("stapo"),
@@ -146,18 +197,61 @@ def quantile(values: Tensor, q: float) -> Tensor:
 # ----------------------------------------------------------------------------------------------- masks
 
 
-def high_entropy_mask(*, entropies: Tensor, completion_mask: Tensor, ratio: float) -> Tensor:
-    """20-Entropy's kept-token mask: completion tokens whose entropy is in the top ``ratio`` fraction.
+@dataclass(frozen=True)
+class Thresholds:
+    """Entropy thresholds of one optimiser step ("mini_batch" scope), fixed before its first micro-batch.
 
-    kept = m ∧ (H ≥ quantile(H[m], 1 − ratio)), the quantile over all ranks' completion tokens
-    (TRL ``get_high_entropy_mask`` semantics; ties at the threshold are kept). Returns Bool [B, T], True = kept.
+    A value is NaN when its pool is empty (no candidates: nothing is silenced; no tokens: nothing is kept).
+        tau_h         S2T: q-quantile of the candidates' entropies (stapo, stapo_random's size)
+        tau_h_high    stapo_high: (1 − q)-quantile of the candidates' entropies
+        entropy_cut   20-Entropy: (1 − ρ)-quantile of all completion tokens' entropies
+    """
+
+    tau_h: float = math.nan
+    tau_h_high: float = math.nan
+    entropy_cut: float = math.nan
+
+
+def _quantile_or_nan(pool: Tensor, q: float) -> float:
+    return float(quantile(pool, q)) if pool.numel() else math.nan
+
+
+def step_thresholds(
+    cfg: ObjectiveConfig, *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor,
+) -> Thresholds:
+    """The thresholds of one optimiser step over ALL its completions on every rank (paper: "the mini-batch").
+
+    logps, entropies, completion_mask: [N, T] for this rank's N completions of the step (the trainer passes
+    π_old's, from the no-grad forward of the rollout batch); advantages: [N]. Every rank must call it at the
+    same time (it gathers). Cheap: one pass over [N, T] and a sort of the pools.
     """
     m = completion_mask.bool()
-    pool = _gather_across_ranks(entropies.detach()[m].float())
-    if pool.numel() == 0:
-        return torch.zeros_like(m)
-    threshold = quantile(pool, 1.0 - ratio)
-    return m & (entropies.detach().float() >= threshold)
+    h = entropies.detach().float()
+    out = {}
+    if cfg.method == "entropy20":
+        out["entropy_cut"] = _quantile_or_nan(_gather_across_ranks(h[m]), 1.0 - cfg.top_entropy_ratio)
+    elif cfg.method.startswith("stapo"):
+        cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=m, tau_p=cfg.tau_p)
+        pool = _gather_across_ranks(h[cand])
+        out["tau_h"] = _quantile_or_nan(pool, cfg.entropy_quantile)
+        out["tau_h_high"] = _quantile_or_nan(pool, 1.0 - cfg.entropy_quantile)
+    return Thresholds(**out)
+
+
+def high_entropy_mask(*, entropies: Tensor, completion_mask: Tensor, ratio: float, cut: float | None = None) -> Tensor:
+    """20-Entropy's kept-token mask: completion tokens whose entropy is in the top ``ratio`` fraction.
+
+    kept = m ∧ (H ≥ cut), cut = quantile(H[m], 1 − ratio) over all ranks' completion tokens of the call (TRL
+    ``get_high_entropy_mask`` semantics; ties at the threshold are kept), or the given ``cut`` (mini-batch scope,
+    :func:`step_thresholds`). Returns Bool [B, T], True = kept.
+    """
+    m = completion_mask.bool()
+    if cut is None:
+        pool = _gather_across_ranks(entropies.detach()[m].float())
+        if pool.numel() == 0:
+            return torch.zeros_like(m)
+        cut = quantile(pool, 1.0 - ratio)
+    return m & (entropies.detach().float() >= cut)
 
 
 def candidate_mask(*, logps: Tensor, advantages: Tensor, completion_mask: Tensor, tau_p: float) -> Tensor:
@@ -169,45 +263,50 @@ def candidate_mask(*, logps: Tensor, advantages: Tensor, completion_mask: Tensor
 
 def silence_mask(
     *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor, tau_p: float, q: float,
-    gather: bool = True,
+    gather: bool = True, tau_h: float | None = None,
 ) -> Tensor:
     """STAPO's S2T mask (paper Eq. stapo_loss): True = silenced spurious token. Bool [B, T].
 
-    silenced = candidates ∧ (H < τ_h), τ_h = quantile(H[candidates], q) over all ranks' candidates (this rank's
-    alone with ``gather=False``, for callers that run on one rank only); strict inequality, so a lone candidate (or
-    all-tied candidates) is never silenced, and no candidates means nothing is silenced. Probability and entropy
-    are treated as constants (detached).
+    silenced = candidates ∧ (H < τ_h), τ_h = quantile(H[candidates], q) over all ranks' candidates of the call
+    (this rank's alone with ``gather=False``, for callers that run on one rank only), or the given ``tau_h``
+    (mini-batch scope, :func:`step_thresholds`; NaN silences nothing). Strict inequality, so a lone candidate
+    (or all-tied candidates) is never silenced, and no candidates means nothing is silenced. Probability and
+    entropy are treated as constants (detached).
     """
     cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=completion_mask, tau_p=tau_p)
-    pool = entropies.detach()[cand].float()
-    pool = _gather_across_ranks(pool) if gather else pool
-    if pool.numel() == 0:
-        return torch.zeros_like(cand)
-    tau_h = quantile(pool, q)
+    if tau_h is None:
+        pool = entropies.detach()[cand].float()
+        pool = _gather_across_ranks(pool) if gather else pool
+        if pool.numel() == 0:
+            return torch.zeros_like(cand)
+        tau_h = quantile(pool, q)
     return cand & (entropies.detach().float() < tau_h)
 
 
 def ablation_silence_mask(
     variant: str, *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor,
-    tau_p: float, q: float, generator: torch.Generator | None = None,
+    tau_p: float, q: float, generator: torch.Generator | None = None, thresholds: Thresholds | None = None,
 ) -> Tensor:
     """The paper's ablations of S2T (True = silenced), over the same candidate set:
 
     high    candidates ∧ H > quantile(H[cand], 1 − q): the high-entropy end, as many as S2T silences
     random  a uniformly random subset of candidates of the size S2T would silence on this rank
     full    every candidate
+    The quantiles are the call's (gathered across ranks) or ``thresholds``' (mini-batch scope).
     """
     cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=completion_mask, tau_p=tau_p)
     if variant == "full":
         return cand
-    pool = _gather_across_ranks(entropies.detach()[cand].float())
-    if pool.numel() == 0:
-        return torch.zeros_like(cand)
     h = entropies.detach().float()
+    if thresholds is None:
+        pool = _gather_across_ranks(h[cand])
+        if pool.numel() == 0:
+            return torch.zeros_like(cand)
+        thresholds = Thresholds(tau_h=float(quantile(pool, q)), tau_h_high=float(quantile(pool, 1.0 - q)))
     if variant == "high":
-        return cand & (h > quantile(pool, 1.0 - q))
+        return cand & (h > thresholds.tau_h_high)
     if variant == "random":
-        n_silence = int((cand & (h < quantile(pool, q))).sum())
+        n_silence = int((cand & (h < thresholds.tau_h)).sum())
         idx = cand.flatten().nonzero().squeeze(-1)
         perm = torch.randperm(idx.numel(), generator=generator, device="cpu").to(idx.device)
         out = torch.zeros_like(cand).flatten()
@@ -220,33 +319,47 @@ def ablation_silence_mask(
 
 
 def _clipped_surrogate(cfg: ObjectiveConfig, logps: Tensor, old_logps: Tensor, advantages: Tensor):
-    """Per-token ℓ = −min(ρÂ, clip(ρ)Â) [B, T] and the ratio ρ [B, T], in fp32."""
-    ratio = torch.exp(logps.float() - old_logps.float())
+    """verl's vanilla policy loss per token (module docstring): ℓ [B, T], ratio ρ [B, T] and the dual-clip
+    mask [B, T] (True where the c·|Â| cap binds), in fp32."""
+    log_ratio = torch.clamp(logps.float() - old_logps.float(), -cfg.log_ratio_clip, cfg.log_ratio_clip)
+    ratio = torch.exp(log_ratio)
     adv = advantages.float().unsqueeze(-1)
     clipped = torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
-    return -torch.minimum(ratio * adv, clipped * adv), ratio
+    loss = torch.maximum(-ratio * adv, -clipped * adv)
+    cap = -adv * cfg.clip_ratio_c  # c·|Â| for Â < 0
+    dual = (adv < 0) & (loss > cap)
+    return torch.where(adv < 0, torch.minimum(loss, cap), loss), ratio, dual
+
+
+def k3_kl(cfg: ObjectiveConfig, logps: Tensor, ref_logps: Tensor) -> Tensor:
+    """verl ``low_var_kl``: k3 = e^δ − δ − 1, δ = clamp(log π_ref − log π, ±20), clamped to ±10. [B, T] fp32."""
+    delta = torch.clamp(ref_logps.float() - logps.float(), -cfg.kl_log_ratio_clip, cfg.kl_log_ratio_clip)
+    return torch.clamp(torch.exp(delta) - delta - 1.0, -cfg.kl_clip, cfg.kl_clip)
 
 
 def kept_mask(
     cfg: ObjectiveConfig, *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | None = None, thresholds: Thresholds | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(kept, silenced), Bool [B, T]: the tokens that enter ``cfg.method``'s loss, and those S2T silenced.
 
-    The trainer uses it to count a whole optimiser step's kept tokens (``token_normalizer``).
+    thresholds: the optimiser step's (mini-batch scope); None computes them over the call (micro-batch scope).
     """
     m = completion_mask.bool()
     none = torch.zeros_like(m)
+    t = thresholds or Thresholds()
     if cfg.method == "entropy20":
-        return high_entropy_mask(entropies=entropies, completion_mask=m, ratio=cfg.top_entropy_ratio), none
+        cut = None if thresholds is None else t.entropy_cut
+        return high_entropy_mask(entropies=entropies, completion_mask=m, ratio=cfg.top_entropy_ratio, cut=cut), none
     common = dict(logps=logps, entropies=entropies, advantages=advantages, completion_mask=m, tau_p=cfg.tau_p,
                   q=cfg.entropy_quantile)
     if cfg.method == "stapo":
-        silenced = silence_mask(**common)
+        silenced = silence_mask(**common, tau_h=None if thresholds is None else t.tau_h)
     elif cfg.method.startswith("stapo_"):
         if generator is None and cfg.method == "stapo_random":
             generator = torch.Generator().manual_seed(cfg.seed)
-        silenced = ablation_silence_mask(cfg.method.removeprefix("stapo_"), generator=generator, **common)
+        silenced = ablation_silence_mask(cfg.method.removeprefix("stapo_"), generator=generator,
+                                         thresholds=thresholds, **common)
     else:
         return m, none
     return m & ~silenced, silenced
@@ -263,52 +376,53 @@ def policy_loss(
     ref_logps: Tensor | None = None,
     token_normalizer: Tensor | float | None = None,
     generator: torch.Generator | None = None,
+    thresholds: Thresholds | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss of one micro-batch for ``cfg.method`` and its metrics (see the module docstring for the equations).
 
-    token_normalizer: for the token-mean methods, replaces the local denominator max(1, Σ kept) — the trainer
-        passes the number of KEPT tokens of the whole gradient-accumulation step. Not defined for grpo (whose
-        normaliser is per sequence): passing it raises.
+    token_normalizer: for "token-mean", replaces the local denominator max(1, Σ kept) — the trainer passes the
+        number of KEPT tokens of the whole gradient-accumulation step. Not defined for "seq-mean-token-mean"
+        (whose normaliser is per sequence): passing it raises.
     generator: randomness of the stapo_random ablation (default: seeded from ``cfg.seed`` on every call).
+    thresholds: the optimiser step's entropy thresholds (:func:`step_thresholds`, "mini_batch" scope); None takes
+        the quantiles over this call's tokens ("micro_batch" scope).
     Returns a scalar fp32 loss (finite zero with a grad_fn on an all-masked or empty batch) and float metrics:
     entropy_mean (over all completion tokens, whatever the method), candidate/silenced/kept_fraction (of
-    completion tokens), clip_fraction_low/high and clip_fraction, ratio_mean, kl_mean.
+    completion tokens), clip_fraction_low/high, clip_fraction, clip_fraction_dual, ratio_mean, kl_mean.
     """
     m = completion_mask.bool()
     # Padding may hold anything (even NaN): zero it through where(), whose backward sends exactly 0 there.
     logps, old_logps, entropies = (torch.where(m, t, torch.zeros_like(t)) for t in (logps, old_logps, entropies))
     if ref_logps is not None:
         ref_logps = torch.where(m, ref_logps, torch.zeros_like(ref_logps))
-    per_token, ratio = _clipped_surrogate(cfg, logps, old_logps, advantages)
-    kept, silenced = kept_mask(
-        cfg, logps=logps, entropies=entropies, advantages=advantages, completion_mask=m, generator=generator
-    )
+    per_token, ratio, dual = _clipped_surrogate(cfg, logps, old_logps, advantages)
+    kept, silenced = kept_mask(cfg, logps=logps, entropies=entropies, advantages=advantages, completion_mask=m,
+                               generator=generator, thresholds=thresholds)
 
     kl = None
     if cfg.kl_beta > 0 or ref_logps is not None:
         if ref_logps is None:
             raise ValueError(f"kl_beta={cfg.kl_beta} > 0 needs ref_logps (the reference policy's log-probs)")
-        delta = ref_logps.float() - logps.float()
-        kl = torch.exp(delta) - delta - 1.0  # k3 estimator of KL(π_θ ‖ π_ref), ≥ 0
+        kl = k3_kl(cfg, logps, ref_logps)  # ≥ 0
         if cfg.kl_beta > 0:
-            per_token = per_token + cfg.kl_beta * kl
+            per_token = per_token + cfg.kl_beta * kl  # same aggregation as the policy loss (verl)
 
     # where(), not multiplication: a masked position's value never reaches the loss or its gradient.
     masked = torch.where(kept, per_token, torch.zeros_like(per_token))
-    if cfg.method == "grpo":
+    if cfg.loss_agg_mode == "seq-mean-token-mean":
         if token_normalizer is not None:
-            raise ValueError("token_normalizer is not defined for grpo (sequence-mean of token-means)")
+            raise ValueError("token_normalizer is not defined for seq-mean-token-mean (grpo)")
         per_seq = masked.sum(-1) / kept.sum(-1).clamp(min=1)
         loss = per_seq.sum() / max(1, per_seq.numel())
     else:
         denom = kept.sum().clamp(min=1) if token_normalizer is None else token_normalizer
         loss = masked.sum() / denom
 
-    metrics = _metrics(cfg, m, kept, silenced, ratio, entropies, logps, advantages, kl)
+    metrics = _metrics(cfg, m, kept, silenced, ratio, dual, entropies, logps, advantages, kl)
     return loss, metrics
 
 
-def _metrics(cfg, m, kept, silenced, ratio, entropies, logps, advantages, kl) -> dict[str, float]:
+def _metrics(cfg, m, kept, silenced, ratio, dual, entropies, logps, advantages, kl) -> dict[str, float]:
     with torch.no_grad():
         n = max(1, int(m.sum()))
         adv = advantages.float().unsqueeze(-1)
@@ -323,6 +437,7 @@ def _metrics(cfg, m, kept, silenced, ratio, entropies, logps, advantages, kl) ->
             "clip_fraction_low": float(low.sum()) / n,
             "clip_fraction_high": float(high.sum()) / n,
             "clip_fraction": float((low | high).sum()) / n,
+            "clip_fraction_dual": float((m & dual).sum()) / n,
             "ratio_mean": float(torch.where(m, ratio, 0.0).sum() / n),
             "kl_mean": 0.0 if kl is None else float(torch.where(m, kl, 0.0).sum() / n),
         }

@@ -1,8 +1,13 @@
 """Rule-based rewards for RL on math: the paper's DAPO verifier and a math-verify alternative.
 
-    dapo_strict   the paper's reward (DAPO verifier, verl ``math_dapo``): the last \\boxed{...} inside the LAST 300
-                  characters of the completion, compared as a string with the gold answer after light
-                  normalisation; +1 correct, −1 otherwise (no box, or the box lies before the last 300 characters).
+    dapo_strict   the paper's reward, exactly as JustRL's ``math_dapo.compute_score`` (strict-box mode): of the
+                  completion's last 300 characters it searches only the LAST 100; the answer is the content of
+                  the last ``\\boxed{`` (brace-matched; ``\\fbox``, ``\\boxed 5`` and an unclosed box are no
+                  answer); it must equal the gold answer string EXACTLY — no normalisation at all, so
+                  ``{ 18 }``, ``18.``, ``$18$``, ``1,000`` and ``30^\\circ`` score −1 against 18 / 1000 / 30.
+                  +1 correct, −1 otherwise. (DAPO's gold answers are integer strings.)
+    dapo_lenient  the same box in the last 300 characters with light normalisation (``normalize_answer``) and
+                  ``\\fbox`` / ``\\boxed 5`` accepted: a looser variant, not the paper's.
     math_verify   math-verify's symbolic equivalence of the last boxed (or otherwise parsed) answer; +1 / −1 by
                   default, or 1 / 0 (``incorrect=0.0``).
 
@@ -18,9 +23,10 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["last_boxed", "normalize_answer", "dapo_strict", "math_verify", "REWARDS", "get_reward"]
+__all__ = ["last_boxed", "normalize_answer", "dapo_strict", "dapo_lenient", "math_verify", "REWARDS", "get_reward"]
 
 DAPO_TAIL_CHARS = 300  # verl math_dapo: "The longest answer in MATH-500 has 159 characters"
+DAPO_BOX_WINDOW = 100  # JustRL is_correct_strict_box: the box is searched in the last 100 of those characters
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 
@@ -88,7 +94,23 @@ def _completion_text(completion) -> str:
     return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
 
 
+def strict_box(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (brace-matched), or None: JustRL's ``last_boxed_only_string`` +
+    ``remove_boxed`` (no ``\\fbox``, no space form; an unclosed last box is no answer)."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    return _braced(text, start + len("\\boxed"))
+
+
 def dapo_strict_score(completion: str, gold: str) -> float:
+    """JustRL ``compute_score(strict_box_verify=True)``: +1 iff the last box in the last 100 of the last 300
+    characters equals ``gold`` exactly, else −1."""
+    pred = strict_box(completion[-DAPO_TAIL_CHARS:][-DAPO_BOX_WINDOW:])
+    return 1.0 if pred == str(gold) else -1.0
+
+
+def dapo_lenient_score(completion: str, gold: str) -> float:
     """+1 if the last box in the last 300 characters matches ``gold`` after normalisation, else −1."""
     boxed = last_boxed(completion[-DAPO_TAIL_CHARS:])
     if boxed is None:
@@ -96,11 +118,19 @@ def dapo_strict_score(completion: str, gold: str) -> float:
     return 1.0 if normalize_answer(boxed) == normalize_answer(str(gold)) else -1.0
 
 
-def dapo_strict(prompts=None, completions=None, answer=None, **kwargs) -> list[float]:
-    """The paper's reward (TRL reward-function signature); ``answer`` is the gold-answer column."""
-    if answer is None:
-        raise ValueError("dapo_strict: the dataset has no 'answer' column")
-    return [dapo_strict_score(_completion_text(c), a) for c, a in zip(completions, answer)]
+def _scored(score, name):
+    def reward(prompts=None, completions=None, answer=None, **kwargs) -> list[float]:
+        if answer is None:
+            raise ValueError(f"{name}: the dataset has no 'answer' column")
+        return [score(_completion_text(c), a) for c, a in zip(completions, answer)]
+
+    reward.__name__ = name
+    return reward
+
+
+# TRL reward-function signature; ``answer`` is the gold-answer column
+dapo_strict = _scored(dapo_strict_score, "dapo_strict")
+dapo_lenient = _scored(dapo_lenient_score, "dapo_lenient")
 
 
 # ------------------------------------------------------------------------------------------- math-verify
@@ -126,7 +156,8 @@ def math_verify_01(prompts=None, completions=None, answer=None, **kwargs) -> lis
     return math_verify(prompts, completions, answer, correct=1.0, incorrect=0.0, **kwargs)
 
 
-REWARDS = {"dapo_strict": dapo_strict, "math_verify": math_verify, "math_verify_01": math_verify_01}
+REWARDS = {"dapo_strict": dapo_strict, "dapo_lenient": dapo_lenient, "math_verify": math_verify,
+           "math_verify_01": math_verify_01}
 
 
 def get_reward(name: str):

@@ -28,6 +28,23 @@ by c·W / K. The masks are constants of θ, which does not change within a windo
 rescaled) the per-micro-batch normaliser is c times the micro-batch's global kept fraction — exact for justrl,
 approximate (error ~ the silenced fraction, < 1e-4 in the paper) for stapo/entropy20; a warning says so.
 GRPO (sequence-mean) is divided by gradient_accumulation_steps, as TRL does for its "grpo" loss.
+
+Step unit (stapo.schedule): the recipe's max_steps, warmup_steps and save_steps count verl training steps =
+rollout batches (the paper's unit); TRL is configured with k = prompts_per_generation / prompts_per_step ×
+num_iterations optimiser steps per rollout step, and the LR schedule advances once per rollout batch, as verl's.
+metrics.jsonl keeps one line per optimiser step with both ``step`` (optimiser) and ``rollout_step``.
+
+Entropy thresholds at mini-batch scope (stapo.objectives, ``quantile_scope: mini_batch``): the no-grad π_old
+forward that TRL runs over each rollout batch also returns entropies (when TRL skips it — one optimiser step per
+rollout batch — the trainer runs it); before the first micro-batch of each optimiser step the thresholds are taken
+over that step's completions on every rank, and every micro-batch of the step uses them.
+
+Precision: ``bf16`` means bf16 compute (autocast) over fp32 master weights. Without DeepSpeed the model is loaded
+in fp32 (AdamW on bf16 weights would round away updates of LR 1e-6); under DeepSpeed ZeRO the engine keeps the
+fp32 master copy and the model is loaded in bf16.
+
+Stopping: every end-of-turn token of the tokenizer's chat template (Qwen3-Base: ``<|im_end|>`` besides the EOS
+``<|endoftext|>``) ends a rollout, in HF generation and in vLLM, and closes the completion mask.
 """
 
 from __future__ import annotations
@@ -52,9 +69,10 @@ from trl import GRPOConfig, GRPOTrainer
 from stapo.atomic import append_line, atomic_write
 from stapo.data import DatasetError, build_prompt, load_problems, validate_source
 from stapo.diagnostics import TokenDiagnostics
-from stapo.models import resolve_model
-from stapo.objectives import ObjectiveConfig, get_objective, policy_loss
+from stapo.models import end_of_turn_tokens, resolve_model
+from stapo.objectives import ObjectiveConfig, Thresholds, get_objective, policy_loss, step_thresholds
 from stapo.rewards import REWARDS
+from stapo.schedule import optimizer_steps_per_rollout, per_rollout_schedule, rollout_step
 
 __all__ = ["TrainSettings", "Plan", "load_recipe", "resolve_plan", "StapoGRPOTrainer", "build_trainer", "train",
            "latest_complete_checkpoint", "add_arguments", "run"]
@@ -62,7 +80,7 @@ __all__ = ["TrainSettings", "Plan", "load_recipe", "resolve_plan", "StapoGRPOTra
 log = logging.getLogger("stapo.trainer")
 COMPLETE = "STAPO_CHECKPOINT_COMPLETE"  # sentinel written after a checkpoint is fully saved
 STEP_METRICS = ("entropy_mean", "candidate_fraction", "silenced_fraction", "kept_fraction", "clip_fraction",
-                "clip_fraction_low", "clip_fraction_high", "ratio_mean", "kl_mean")
+                "clip_fraction_low", "clip_fraction_high", "clip_fraction_dual", "ratio_mean", "kl_mean")
 
 
 # -------------------------------------------------------------------------------------------------- recipe
@@ -75,12 +93,14 @@ class TrainSettings:
     Attributes:
         dataset: training source, see stapo.data (``{name: dapo-math-17k}``, ``{name: synthetic-arith, ...}``,
             ``{path: file.jsonl}``).
-        reward: ``dapo_strict`` (paper: DAPO verifier, ±1), ``math_verify`` (±1) or ``math_verify_01`` (1/0).
-        max_steps: optimiser steps (paper curves run past 3,000).
-        save_steps: checkpoint every N optimiser steps (paper evaluates every 20); a multiple of the optimiser
-            steps per rollout batch, so a checkpoint never falls inside a rollout batch.
+        reward: ``dapo_strict`` (paper: JustRL's DAPO verifier, ±1), ``dapo_lenient``, ``math_verify`` (±1) or
+            ``math_verify_01`` (1/0); see stapo.rewards.
+        max_steps: training steps in the paper's unit, rollout batches (verl steps; curves run past 3,000).
+        save_steps: checkpoint every N rollout steps (paper evaluates every 20). ``checkpoint-<N>`` directories
+            are named by TRL's optimiser step: rollout step × k (stapo.schedule).
         save_total_limit: keep only the newest N checkpoints (None = all).
-        learning_rate, warmup_steps, lr_scheduler_type: AdamW, constant 1e-6 after 10 warm-up steps.
+        learning_rate, warmup_steps, lr_scheduler_type: AdamW, constant 1e-6 after 10 warm-up rollout steps; the
+            schedule advances once per rollout step, as verl's.
         weight_decay: 0.1 (JustRL script). max_grad_norm: 1.0.
         prompts_per_generation: prompts per rollout batch (paper 256). num_generations: rollouts per prompt (8).
         prompts_per_step: prompts per optimiser step, the PPO mini-batch (paper 64).
@@ -90,7 +110,8 @@ class TrainSettings:
         max_completion_length: response budget in tokens (15,360).
         temperature, top_p: rollout sampling (1.0, 1.0).
         scale_rewards: TRL advantage scaling ("group": (r − mean) / std within the group, as GRPO/DAPO).
-        bf16, gradient_checkpointing: GPU memory settings (both false on CPU).
+        bf16: bf16 compute with fp32 master weights (module docstring); false on CPU.
+        gradient_checkpointing: recompute activations in the backward (GPU memory); false on CPU.
         use_vllm, vllm_mode, vllm_gpu_memory_utilization: vLLM rollouts (colocated on GPU; off on CPU).
         seed: seeds model init-free RNG, sampling and the data order.
         logging_steps: always 1 (metrics.jsonl has one line per optimiser step); kept for completeness.
@@ -151,10 +172,6 @@ def _validate_settings(s: TrainSettings) -> None:
         raise ValueError("train.diagnostics_every and train.diagnostics_examples must be >= 0")
     if s.learning_rate <= 0 or s.warmup_steps < 0 or s.max_grad_norm < 0 or s.weight_decay < 0:
         raise ValueError("train.learning_rate must be > 0 and train.warmup_steps/max_grad_norm/weight_decay >= 0")
-    steps_per_rollout = s.prompts_per_generation // s.prompts_per_step * s.num_iterations
-    if s.save_steps % steps_per_rollout:
-        raise ValueError(f"train.save_steps ({s.save_steps}) must be a multiple of the optimiser steps per rollout "
-                         f"batch ({steps_per_rollout}), so that a checkpoint never falls inside a rollout batch")
     try:
         validate_source(s.dataset)
     except DatasetError as err:
@@ -248,17 +265,93 @@ def accumulation(settings: TrainSettings, num_processes: int) -> tuple[int, int]
 class StapoGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose loss is ``stapo.objectives.policy_loss(objective, ...)`` (see the module docstring)."""
 
-    def __init__(self, *args, objective: ObjectiveConfig, diagnostics: TokenDiagnostics | None = None, **kwargs):
-        self.objective = objective
+    def __init__(self, *args, objective: ObjectiveConfig, settings: TrainSettings,
+                 diagnostics: TokenDiagnostics | None = None, **kwargs):
+        self.objective, self.settings = objective, settings
         super().__init__(*args, **kwargs)
         self._diagnostics = diagnostics
         if diagnostics is not None:  # every rank observes (collectives under ZeRO-3); rank 0 writes
             diagnostics.writer = self.accelerator.is_main_process
             diagnostics.attach(self.accelerator.unwrap_model(self.model))
         self._window = None  # per-optimiser-step accumulators (local to this process)
+        self._thresholds: Thresholds | None = None  # this optimiser step's entropy thresholds (mini-batch scope)
+        self._capture: list | None = None  # entropies of the π_old forward, while one is being captured
         self._deepspeed = self.accelerator.distributed_type.value == "DEEPSPEED"
-        if self._deepspeed and objective.method in ("stapo", "entropy20"):
+        if self._deepspeed and objective.uses_thresholds:
             warnings.warn("DeepSpeed: the kept-token normaliser is estimated per micro-batch (see stapo.trainer)")
+        self._stop_at_end_of_turn()
+
+    @property
+    def _mini_batch_scope(self) -> bool:
+        return self.objective.uses_thresholds and self.objective.quantile_scope == "mini_batch"
+
+    def _stop_at_end_of_turn(self) -> None:
+        """HF generation and the completion mask end at every end-of-turn token (vLLM: grpo_config's stop ids)."""
+        ids = self.processing_class.convert_tokens_to_ids(end_of_turn_tokens(self.processing_class))
+        self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *ids]))
+        if not self.use_vllm:
+            self.generation_kwargs["eos_token_id"] = self.eos_token_ids
+            self.generation_config.eos_token_id = self.eos_token_ids
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        """The recipe's schedule in rollout steps, advanced once per rollout batch (stapo.schedule)."""
+        if self.lr_scheduler is None:
+            from transformers import get_scheduler
+
+            k = optimizer_steps_per_rollout(self.settings)
+            scheduler = get_scheduler(self.args.lr_scheduler_type, optimizer=optimizer or self.optimizer,
+                                      num_warmup_steps=self.settings.warmup_steps,
+                                      num_training_steps=-(-num_training_steps // k),
+                                      scheduler_specific_kwargs=self.args.lr_scheduler_kwargs)
+            if not hasattr(scheduler, "lr_lambdas"):
+                raise ValueError(f"train.lr_scheduler_type: {self.args.lr_scheduler_type!r} is not a per-step "
+                                 "schedule (LambdaLR); use constant_with_warmup, constant, linear or cosine")
+            self.lr_scheduler = per_rollout_schedule(scheduler, k)
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+    # -- entropy thresholds at mini-batch scope --------------------------------------------------------------
+
+    def _get_per_token_logps_and_entropies(self, model, *args, compute_entropy=False, **kwargs):
+        if self._capture is None or model is not self.model:
+            return super()._get_per_token_logps_and_entropies(model, *args, compute_entropy=compute_entropy, **kwargs)
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(model, *args, compute_entropy=True,
+                                                                           **kwargs)
+        self._capture.append(entropies)  # TRL's π_old forward: keep its entropies (no second pass)
+        return logps, entropies if compute_entropy else None, aux
+
+    def _generate_and_score_completions(self, inputs):
+        """TRL's rollout, plus π_old's per-token entropies (and log-probs when TRL did not compute them) for the
+        mini-batch thresholds, as ``stat_entropies`` / ``stat_logps``: shuffled and split with the batch."""
+        if not (self.model.training and self._mini_batch_scope):
+            return super()._generate_and_score_completions(inputs)
+        self._capture = []
+        try:
+            out = super()._generate_and_score_completions(inputs)
+            captured = self._capture
+        finally:
+            self._capture = None
+        if "old_per_token_logps" in out and captured:
+            out["stat_entropies"] = captured[0]
+        else:  # aligned case (one optimiser step per rollout batch): TRL skips π_old's forward, which is π_θ
+            ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+            mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+            with torch.no_grad():
+                out["stat_logps"], out["stat_entropies"], _ = super()._get_per_token_logps_and_entropies(
+                    self.model, ids, mask, out["completion_ids"].size(1),
+                    batch_size=self.args.per_device_train_batch_size, compute_entropy=True)
+        return out
+
+    def _prepare_inputs(self, generation_batch):
+        inputs = super()._prepare_inputs(generation_batch)
+        if self.model.training and self._mini_batch_scope and self._step % self.current_gradient_accumulation_steps == 0:
+            first = self._step % self.args.steps_per_generation  # first micro-batch of a new optimiser step
+            step = self._buffered_inputs[first : first + self.current_gradient_accumulation_steps]
+            cat = lambda key: torch.cat([b[key] for b in step])  # noqa: E731
+            self._thresholds = step_thresholds(
+                self.objective, logps=cat("old_per_token_logps" if "stat_logps" not in step[0] else "stat_logps"),
+                entropies=cat("stat_entropies"), advantages=cat("advantages"), completion_mask=cat("completion_mask"))
+        return inputs
 
     # -- loss ------------------------------------------------------------------------------------------------
 
@@ -272,16 +365,17 @@ class StapoGRPOTrainer(GRPOTrainer):
         old_logps = inputs.get("old_per_token_logps")
         training = self.model.training
         if training and self._diagnostics is not None:
+            self._diagnostics.tau_h = self._thresholds.tau_h if self._thresholds and self._mini_batch_scope else None
             self._diagnostics.observe(model=self.accelerator.unwrap_model(model), inputs=inputs, logps=logps,
                                       old_logps=logps.detach() if old_logps is None else old_logps,
                                       entropies=entropies)
-        token_mean = self.objective.method != "grpo"
+        token_mean = self.objective.loss_agg_mode == "token-mean"
         normalizer = self._provisional_normalizer(inputs) if (training and token_mean) else None
         loss, metrics = policy_loss(
             self.objective, logps=logps, old_logps=logps.detach() if old_logps is None else old_logps,
             advantages=inputs["advantages"], entropies=entropies, completion_mask=completion_mask,
             ref_logps=inputs.get("ref_per_token_logps") if self.beta != 0.0 else None,
-            token_normalizer=normalizer,
+            token_normalizer=normalizer, thresholds=self._thresholds if training and self._mini_batch_scope else None,
         )
         if training and self._deepspeed and token_mean:
             loss = loss * self._kept_fraction_correction(metrics, completion_mask)
@@ -333,7 +427,7 @@ class StapoGRPOTrainer(GRPOTrainer):
         for i, key in enumerate(STEP_METRICS):
             self._metrics["train"][key].append(float(sums[i] / n_tokens.clamp(min=1.0)))
         loss_sum, world = sums[-1], self.accelerator.num_processes  # Σ over ranks and micro-batches
-        if self.objective.method == "grpo" or self._deepspeed:
+        if self.objective.loss_agg_mode != "token-mean" or self._deepspeed:
             objective_loss = float(loss_sum) / world  # already scaled per micro-batch: the ranks' mean
         else:
             # each micro-batch back-propagated S_j / c: the exact loss is Σ S / K and the gradients need × c·W / K
@@ -374,8 +468,8 @@ _LOG_FIELDS = {
 class MetricsJsonl(TrainerCallback):
     """Append one JSON line per optimiser step to ``path`` (flushed + fsynced, so a kill loses at most a line)."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, path: Path, k: int = 1):
+        self.path, self.k = Path(path), k  # k optimiser steps per rollout step
         self._t0 = None
         self._seconds = None
 
@@ -388,7 +482,7 @@ class MetricsJsonl(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or "reward" not in logs:
             return
-        row = {"step": state.global_step}
+        row = {"step": state.global_step, "rollout_step": rollout_step(state.global_step, self.k)}
         for name, key in _LOG_FIELDS.items():
             value = logs.get(key)
             row[name] = None if value is None or (isinstance(value, float) and math.isnan(value)) else value
@@ -464,27 +558,37 @@ _CHECKPOINTING_FIELD = ("activation_checkpointing" if "activation_checkpointing"
                         else "gradient_checkpointing")
 
 
-def grpo_config(plan: Plan, out: Path, num_processes: int = 1, **overrides) -> GRPOConfig:
-    """Map the recipe onto ``trl.GRPOConfig`` (module docstring: batch semantics)."""
+def grpo_config(plan: Plan, out: Path, num_processes: int = 1, *, deepspeed: bool = False,
+                stop_token_ids: list[int] | None = None, **overrides) -> GRPOConfig:
+    """Map the recipe onto ``trl.GRPOConfig`` (module docstring: batch semantics, step unit, precision).
+
+    deepspeed: the run uses a DeepSpeed ZeRO engine (it keeps fp32 master weights, so the model loads in bf16).
+    stop_token_ids: end-of-turn token ids that also end a vLLM rollout (HF generation: StapoGRPOTrainer).
+    """
     s, obj = plan.settings, plan.objective
     grad_accum, steps_per_generation = accumulation(s, num_processes)
+    k = optimizer_steps_per_rollout(s)  # TRL counts optimiser steps; the recipe counts rollout steps
+    load_bf16 = s.bf16 and deepspeed
     kwargs = dict(
-        output_dir=str(out), max_steps=s.max_steps, save_strategy="steps", save_steps=s.save_steps,
+        output_dir=str(out), max_steps=s.max_steps * k, save_strategy="steps", save_steps=s.save_steps * k,
         save_total_limit=s.save_total_limit, logging_steps=1, report_to="none", seed=s.seed, data_seed=s.seed,
-        learning_rate=s.learning_rate, lr_scheduler_type=s.lr_scheduler_type, warmup_steps=s.warmup_steps,
+        learning_rate=s.learning_rate, lr_scheduler_type=s.lr_scheduler_type, warmup_steps=s.warmup_steps * k,
         weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm, optim="adamw_torch",
         per_device_train_batch_size=s.per_device_train_batch_size, gradient_accumulation_steps=grad_accum,
         steps_per_generation=steps_per_generation, num_generations=s.num_generations,
         num_iterations=s.num_iterations, max_completion_length=s.max_completion_length,
         temperature=s.temperature, top_p=s.top_p, scale_rewards=s.scale_rewards,
-        loss_type="grpo" if obj.method == "grpo" else "dapo", beta=obj.kl_beta,
+        loss_type="dapo" if obj.loss_agg_mode == "token-mean" else "grpo", beta=obj.kl_beta,
+        use_bias_correction_kl=False,  # plain k3, as policy_loss computes it
         epsilon=obj.eps_low, epsilon_high=obj.eps_high, mask_truncated_completions=False,
         use_vllm=s.use_vllm, vllm_mode=s.vllm_mode, vllm_gpu_memory_utilization=s.vllm_gpu_memory_utilization,
         vllm_importance_sampling_correction=False,  # policy_loss has no TIS term (the paper's verl runs had none)
         bf16=s.bf16, **{_CHECKPOINTING_FIELD: s.gradient_checkpointing},
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
-        model_init_kwargs={"dtype": torch.bfloat16 if s.bf16 else torch.float32},
+        model_init_kwargs={"dtype": torch.bfloat16 if load_bf16 else torch.float32},
     )
+    if s.use_vllm and stop_token_ids:
+        kwargs["generation_kwargs"] = {"stop_token_ids": list(stop_token_ids)}
     kwargs.update(overrides)
     return GRPOConfig(**kwargs)
 
@@ -517,7 +621,10 @@ def build_trainer(plan: Plan, out: Path, *, plain: bool = False, callbacks=(), *
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    config = grpo_config(plan, out, PartialState().num_processes, **config_overrides)
+    state = PartialState()
+    stop_ids = tokenizer.convert_tokens_to_ids(end_of_turn_tokens(tokenizer))
+    config = grpo_config(plan, out, state.num_processes, deepspeed=state.distributed_type.value == "DEEPSPEED",
+                         stop_token_ids=stop_ids, **config_overrides)
     kwargs = dict(model=model_dir, reward_funcs=[_accuracy_reward(REWARDS[plan.settings.reward])], args=config,
                   train_dataset=training_dataset(plan, tokenizer), processing_class=tokenizer,
                   callbacks=list(callbacks))
@@ -528,7 +635,7 @@ def build_trainer(plan: Plan, out: Path, *, plain: bool = False, callbacks=(), *
     if s.diagnostics_every > 0:
         diagnostics = TokenDiagnostics(out, every=s.diagnostics_every, objective=plan.objective, tokenizer=tokenizer,
                                        temperature=s.temperature, k=s.diagnostics_examples)
-    return StapoGRPOTrainer(objective=plan.objective, diagnostics=diagnostics, **kwargs)
+    return StapoGRPOTrainer(objective=plan.objective, settings=s, diagnostics=diagnostics, **kwargs)
 
 
 def _resolved_config(plan: Plan, config: GRPOConfig) -> dict:
@@ -536,11 +643,14 @@ def _resolved_config(plan: Plan, config: GRPOConfig) -> dict:
         "model": {"key": plan.model_key, "spec": plan.model_spec},
         "method": {"key": plan.method_key, **asdict(plan.objective)},
         "train": asdict(plan.settings),
-        "trl": {"gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "trl": {"optimizer_steps_per_rollout": optimizer_steps_per_rollout(plan.settings),
+                "max_steps": config.max_steps, "save_steps": config.save_steps,
+                "gradient_accumulation_steps": config.gradient_accumulation_steps,
                 "steps_per_generation": config.steps_per_generation,
                 "generation_batch_size": config.generation_batch_size,
                 "per_device_train_batch_size": config.per_device_train_batch_size,
-                "num_processes": config.world_size, "loss_type": config.loss_type, "beta": config.beta},
+                "num_processes": config.world_size, "loss_type": config.loss_type, "beta": config.beta,
+                "model_dtype": str(config.model_init_kwargs["dtype"]).removeprefix("torch."), "bf16": config.bf16},
     }
 
 
@@ -568,7 +678,8 @@ def train(plan: Plan, out: str | os.PathLike) -> Path:
         return out / "final"
     out.mkdir(parents=True, exist_ok=True)
     resume = _prepare_resume(out)
-    trainer = build_trainer(plan, out, callbacks=[MetricsJsonl(out / "metrics.jsonl"), CheckpointSentinel()])
+    k = optimizer_steps_per_rollout(plan.settings)
+    trainer = build_trainer(plan, out, callbacks=[MetricsJsonl(out / "metrics.jsonl", k), CheckpointSentinel()])
     if trainer.accelerator.is_main_process:
         atomic_write(out / "config.yaml", yaml.safe_dump(_resolved_config(plan, trainer.args), sort_keys=False))
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
@@ -583,7 +694,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model KEY in the recipe's models section")
     parser.add_argument("--method", required=True, help="method KEY in the recipe's methods section")
     parser.add_argument("--out", required=True, help="run directory (metrics.jsonl, checkpoint-N/, final/)")
-    parser.add_argument("--max-steps", type=int, default=None, help="override train.max_steps")
+    parser.add_argument("--max-steps", type=int, default=None, help="override train.max_steps (rollout steps)")
     parser.add_argument("--seed", type=int, default=None, help="override train.seed")
 
 

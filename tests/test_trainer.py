@@ -70,7 +70,7 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
         (lambda r: r["train"].update(num_generations=-2), "train.num_generations"),
         (lambda r: r["train"].update(learning_rat=1e-6), "learning_rat"),
         (lambda r: r["train"].update(reward="exact"), "train.reward"),
-        (lambda r: r["train"].update(save_steps=3, prompts_per_generation=8, prompts_per_step=4), "train.save_steps"),
+        (lambda r: r["train"].update(prompts_per_generation=6, prompts_per_step=4), "train.prompts_per_generation"),
     ],
 )
 def test_recipe_errors_name_the_key(edit, key):
