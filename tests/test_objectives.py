@@ -16,9 +16,12 @@ from stapo.objectives import (
     ObjectiveConfig,
     get_objective,
     high_entropy_mask,
+    kept_mask,
     policy_loss,
     quantile,
     silence_mask,
+    step_thresholds,
+    Thresholds,
 )
 
 
@@ -67,6 +70,21 @@ def test_config_validation_names_the_key(kwargs, key):
         ObjectiveConfig(**kwargs)
 
 
+def test_verl_loss_details_per_method():
+    """JustRL's script: clip_ratio_c 10, token-mean; GRPO: verl's default c = 3, seq-mean-token-mean; verl clamps."""
+    for name in ("justrl", "entropy20", "stapo", "stapo_high", "stapo_random", "stapo_full"):
+        c = METHODS[name]
+        assert (c.clip_ratio_c, c.loss_agg_mode, c.quantile_scope) == (10.0, "token-mean", "mini_batch")
+    g = METHODS["grpo"]
+    assert (g.clip_ratio_c, g.loss_agg_mode) == (3.0, "seq-mean-token-mean")
+    assert (g.log_ratio_clip, g.kl_log_ratio_clip, g.kl_clip) == (20.0, 20.0, 10.0)
+    assert get_objective("grpo", kl_beta=0.0).clip_ratio_c == 3.0  # overrides keep the method's defaults
+    for kwargs, key in [(dict(clip_ratio_c=1.0), "clip_ratio_c"), (dict(loss_agg_mode="seq-sum"), "loss_agg_mode"),
+                        (dict(quantile_scope="batch"), "quantile_scope"), (dict(kl_clip=0.0), "kl_clip")]:
+        with pytest.raises(ValueError, match=key):
+            get_objective("stapo", **kwargs)
+
+
 def test_get_objective_overrides():
     cfg = get_objective("stapo", tau_p=0.01)
     assert cfg.tau_p == 0.01 and cfg.eps_high == 0.28
@@ -100,6 +118,63 @@ def test_clipped_surrogate_single_token(ratio, adv, expected):
     x = _inputs([[math.log(ratio)]], [adv], [[1]], old_logps=[[0.0]])
     loss, _ = policy_loss(METHODS["justrl"], **x)
     assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "logp, old_logp, adv, c, expected",
+    [
+        # rare token sampled at π_old = 1e-6 whose probability rose to 0.5: ρ = 5e5. Â < 0: the dual clip caps
+        # −min(ρÂ, clip(ρ)Â) = ρ|Â| = 5e5 at c·|Â|.
+        (math.log(0.5), math.log(1e-6), -1.0, 10.0, 10.0),
+        (math.log(0.5), math.log(1e-6), -2.0, 3.0, 6.0),
+        # same token, Â > 0: the upper clip binds (ρ > 1.28), no dual clip for positive advantages
+        (math.log(0.5), math.log(1e-6), 1.0, 10.0, -1.28),
+        # ρ = 5 < c = 10: the dual clip does not bind, the plain loss ρ|Â| = 5 remains
+        (math.log(5e-6), math.log(1e-6), -1.0, 10.0, 5.0),
+        # ρ = 5 > c = 3: capped at 3
+        (math.log(5e-6), math.log(1e-6), -1.0, 3.0, 3.0),
+        # probability fell: ρ = 0.01, Â < 0: the lower clip binds at 0.8, far below c
+        (math.log(1e-8), math.log(1e-6), -1.0, 10.0, 0.8),
+    ],
+)
+def test_dual_clip_hand_computed(logp, old_logp, adv, c, expected):
+    x = _inputs([[logp]], [adv], [[1]], old_logps=[[old_logp]])
+    cfg = get_objective("justrl", clip_ratio_c=c)
+    loss, m = policy_loss(cfg, **x)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    loss.backward()
+    ratio = math.exp(logp - old_logp)
+    capped = adv < 0 and ratio * abs(adv) > c * abs(adv)
+    assert m["clip_fraction_dual"] == (1.0 if capped else 0.0)
+    if capped or expected in (-1.28, 0.8):  # every clip leaves zero gradient beyond it (verl)
+        assert x["logps"].grad.item() == 0.0
+    else:
+        assert x["logps"].grad.item() == pytest.approx(-adv * ratio, rel=1e-5)
+
+
+def test_log_ratio_is_clamped_at_20():
+    # log ρ = 30 would overflow to e^30 ≈ 1e13; verl clamps it to 20 before exp, so Â < 0 with c = 1e12 gives
+    # e^20·|Â| (the cap c|Â| = 1e12 > e^20 ≈ 4.85e8 does not bind)
+    x = _inputs([[0.0]], [-1.0], [[1]], old_logps=[[-30.0]])
+    loss, m = policy_loss(get_objective("justrl", clip_ratio_c=1e12), **x)
+    assert loss.item() == pytest.approx(math.exp(20.0), rel=1e-5)
+    assert m["ratio_mean"] == pytest.approx(math.exp(20.0), rel=1e-5)
+
+
+def test_kl_clamps_as_verl_low_var_kl():
+    # δ = log π_ref − log π: δ = 25 is clamped to 20, e^20 − 20 − 1 ≈ 4.85e8 is clamped to 10; δ = −30 is
+    # clamped to −20: e^−20 + 20 − 1 ≈ 19 > 10 → 10; δ = 2: e^2 − 3 = 4.389 (no clamp)
+    logps = [[-26.0, 0.0, -3.0]]
+    ref = torch.tensor([[-1.0, -30.0, -1.0]])
+    x = _inputs(logps, [0.0], [[1, 1, 1]])
+    cfg = METHODS["grpo"]
+    loss, m = policy_loss(cfg, ref_logps=ref, **x)
+    k3 = [10.0, 10.0, math.exp(2.0) - 3.0]
+    assert m["kl_mean"] == pytest.approx(sum(k3) / 3, rel=1e-6)
+    assert loss.item() == pytest.approx(0.04 * sum(k3) / 3, rel=1e-6)
+    loss.backward()
+    g = x["logps"].grad[0]
+    assert g[0] == 0 and g[1] == 0 and g[2] != 0  # clamped values carry no gradient
 
 
 def test_clip_fractions():
@@ -473,3 +548,60 @@ def test_ablation_losses_drop_silenced_tokens(method):
     assert m["kept_fraction"] == pytest.approx(1 - m["silenced_fraction"])
     loss.backward()
     assert (x["logps"].grad == 0).sum() >= round(m["silenced_fraction"] * x["completion_mask"].sum().item())
+
+
+# ------------------------------------------------------------------------------ mini-batch threshold scope
+
+
+def _split(x, sizes):
+    out, start = [], 0
+    for n in sizes:
+        out.append({k: (v[start:start + n] if v.dim() else v) for k, v in x.items()})
+        start += n
+    return out
+
+
+@pytest.mark.parametrize("method", ["stapo", "entropy20", "stapo_high", "stapo_random"])
+def test_mini_batch_thresholds_make_micro_batches_equal_one_batch(method):
+    """Thresholds fixed per optimiser step: the masks of 4 micro-batches equal the mask of the whole mini-batch
+    in one call; per-micro-batch quantiles (the old scope) give a different mask."""
+    cfg = METHODS[method]
+    x = _random_batch(B=16, T=48, rare_fraction=0.3, seed=21)
+    whole_kept, _ = kept_mask(cfg, logps=x["logps"], entropies=x["entropies"], advantages=x["advantages"],
+                              completion_mask=x["completion_mask"])
+    t = step_thresholds(cfg, logps=x["logps"], entropies=x["entropies"], advantages=x["advantages"],
+                        completion_mask=x["completion_mask"])
+    parts = _split(x, [4, 4, 4, 4])
+    per_scope = [kept_mask(cfg, logps=p["logps"], entropies=p["entropies"], advantages=p["advantages"],
+                           completion_mask=p["completion_mask"], thresholds=t)[0] for p in parts]
+    micro = [kept_mask(cfg, logps=p["logps"], entropies=p["entropies"], advantages=p["advantages"],
+                       completion_mask=p["completion_mask"])[0] for p in parts]
+    if method == "stapo_random":  # a random subset: compare sizes per micro-batch
+        sizes = [int((~k & p["completion_mask"].bool()).sum()) for k, p in zip(per_scope, parts)]
+        s2t = [silence_mask(logps=p["logps"], entropies=p["entropies"], advantages=p["advantages"],
+                            completion_mask=p["completion_mask"], tau_p=cfg.tau_p, q=cfg.entropy_quantile,
+                            tau_h=t.tau_h).sum().item() for p in parts]
+        assert sizes == s2t
+        return
+    assert torch.equal(torch.cat(per_scope), whole_kept)
+    assert not torch.equal(torch.cat(micro), whole_kept)
+
+
+def test_step_thresholds_values_and_empty_pools():
+    x = _inputs([[math.log(1e-4)] * 4 + [-0.1] * 2], [1.0], [[1] * 6], entropies=[[0.1, 0.2, 0.3, 0.4, 5.0, 6.0]])
+    t = step_thresholds(METHODS["stapo"], **{k: v for k, v in x.items() if k != "old_logps"})
+    assert t.tau_h == pytest.approx(0.325) and t.tau_h_high == pytest.approx(0.175)  # candidates: the 4 rare
+    assert math.isnan(t.entropy_cut)
+    e = step_thresholds(METHODS["entropy20"], **{k: v for k, v in x.items() if k != "old_logps"})
+    assert e.entropy_cut == pytest.approx(float(torch.quantile(torch.tensor([.1, .2, .3, .4, 5., 6.]), 0.8)))
+    # no candidates (negative advantage): τ_h is NaN and nothing is silenced
+    y = _inputs([[math.log(1e-4)] * 3], [-1.0], [[1] * 3], entropies=[[0.1, 0.2, 0.3]])
+    t = step_thresholds(METHODS["stapo"], **{k: v for k, v in y.items() if k != "old_logps"})
+    assert math.isnan(t.tau_h)
+    _, m = policy_loss(METHODS["stapo"], thresholds=t, **y)
+    assert m["silenced_fraction"] == 0.0 and m["kept_fraction"] == 1.0
+    # a precomputed τ_h silences candidates in a micro-batch that holds ONE candidate (per-call scope cannot)
+    z = _inputs([[math.log(1e-4), -0.1]], [1.0], [[1, 1]], entropies=[[0.2, 1.0]])
+    _, m_call = policy_loss(METHODS["stapo"], **z)
+    _, m_step = policy_loss(METHODS["stapo"], thresholds=Thresholds(tau_h=0.5), **z)
+    assert m_call["silenced_fraction"] == 0.0 and m_step["silenced_fraction"] == 0.5

@@ -1,5 +1,5 @@
-"""Rewards: last-\\boxed{} extraction, the paper's DAPO strict verifier (±1, last 300 characters), math-verify
-(±1 / 1-0) including calls from a worker thread, where math-verify's SIGALRM timeouts cannot work."""
+"""Rewards: last-\\boxed{} extraction, the paper's DAPO strict verifier (JustRL compute_score, ±1), its lenient
+variant and math-verify (±1 / 1-0), including calls from a worker thread, where SIGALRM timeouts cannot work."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from stapo.rewards import DAPO_TAIL_CHARS, dapo_strict, get_reward, last_boxed, math_verify, math_verify_01, \
+from stapo.rewards import DAPO_TAIL_CHARS, dapo_lenient, dapo_strict, get_reward, last_boxed, math_verify, math_verify_01, \
     normalize_answer
 
 
@@ -40,7 +40,40 @@ def test_normalize_answer(raw, norm):
     assert normalize_answer(raw) == norm
 
 
-def test_dapo_strict_known_strings():
+# JustRL train/verl/utils/reward_score/math_dapo.py, compute_score(strict_box_verify=True), gold "18" / "1000"
+STRICT_CASES = [
+    (r"so \boxed{18}", "18", 1.0),
+    (r"\boxed{18}" + " and that is the final answer, checked twice over by substitution into both equations." * 2,
+     "18", -1.0),                                            # > 100 characters after the box: outside the window
+    (r"\boxed{18}" + "." * 80, "18", 1.0),                    # box ends within the last 100 characters
+    (r"\boxed{18.}", "18", -1.0),                             # no normalisation: a trailing period is wrong
+    (r"\boxed{ 18 }", "18", -1.0),                            # nor spaces
+    (r"\boxed{$18$}", "18", -1.0),                            # nor dollar signs
+    (r"$\boxed{18}$", "18", 1.0),                             # math mode around the box is fine
+    (r"\boxed{1,000}", "1000", -1.0),                         # nor thousands separators
+    (r"\boxed{30^\circ}", "30", -1.0),                        # nor degree signs
+    (r"\fbox{18}", "18", -1.0),                               # only \boxed{ counts
+    (r"\boxed 18", "18", -1.0),                               # no space form
+    ("The answer is 18.", "18", -1.0),                        # no box
+    (r"\boxed{18} no wait \boxed{19}", "18", -1.0),           # the last box counts
+    (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}", 1.0),             # nested braces are matched
+    (r"\boxed{\dfrac{1}{2}}", r"\frac{1}{2}", -1.0),           # dfrac is not frac
+    (r"\boxed{18", "18", -1.0),                               # unclosed box
+]
+
+
+@pytest.mark.parametrize("completion, gold, expected", STRICT_CASES)
+def test_dapo_strict_is_justrl_compute_score(completion, gold, expected):
+    assert dapo_strict(prompts=None, completions=[completion], answer=[gold]) == [expected]
+
+
+def test_dapo_strict_searches_the_last_100_of_the_last_300_characters():
+    box = r"\boxed{42}"
+    assert dapo_strict(completions=["x" * 500 + box + "y" * (100 - len(box))], answer=["42"]) == [1.0]
+    assert dapo_strict(completions=["x" * 500 + box + "y" * (101 - len(box))], answer=["42"]) == [-1.0]
+
+
+def test_dapo_lenient_known_strings():
     filler = "x" * DAPO_TAIL_CHARS
     completions = [
         r"Adding gives \boxed{42}.",                  # correct
@@ -54,7 +87,7 @@ def test_dapo_strict_known_strings():
         r"\boxed{0.5}",
     ]
     gold = ["42", "42", "42", "42", "42", "42", "1000", r"\frac{1}{2}", r"\frac{1}{2}"]
-    assert dapo_strict(prompts=None, completions=completions, answer=gold) == [1, -1, -1, -1, 1, -1, 1, 1, -1]
+    assert dapo_lenient(prompts=None, completions=completions, answer=gold) == [1, -1, -1, -1, 1, -1, 1, 1, -1]
 
 
 def test_dapo_strict_conversational_completions():
