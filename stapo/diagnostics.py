@@ -162,6 +162,7 @@ class TokenDiagnostics:
         self._active = False
         self._window: dict | None = None
         self.tau_h: float | None = None  # the optimiser step's S2T threshold (mini-batch scope), set by the trainer
+        self.steps_per_rollout = 1  # k optimiser steps per rollout step (stapo.schedule), set by the trainer
 
     # -- set-up -------------------------------------------------------------------------------------------
 
@@ -260,7 +261,7 @@ class TokenDiagnostics:
         w, self._window, self._active, self._hidden = self._window, None, False, None
         if w is None:
             return None
-        row: dict = {"step": step}
+        row: dict = {"step": step, "rollout_step": -(-step // self.steps_per_rollout)}
         for name in QUADRANTS:
             n = w["counts"].get(name, 0.0)
             row[f"quadrant/{name}_count"] = n

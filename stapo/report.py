@@ -291,8 +291,14 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
-    pts = [(r["step"], float(r[key])) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-    return [p[0] for p in pts], [p[1] for p in pts]
+    """(x, y) of ``key`` per training step in the paper's unit, the rollout step (verl step): the optimiser steps
+    of one rollout batch are averaged, as verl logs them. Rows without ``rollout_step`` count as one each."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]):
+            by_step[int(r.get("rollout_step", r["step"]))].append(float(r[key]))
+    xs = sorted(by_step)
+    return xs, [sum(by_step[x]) / len(by_step[x]) for x in xs]
 
 
 def _smooth(ys: list[float], window: int) -> list[float]:
@@ -319,17 +325,24 @@ def _metric_panel(ax, metrics: dict, model: str, methods: list[str], key: str, y
                     marker="o" if len(xs) <= 30 else None, ms=7 - 1.5 * (methods.index(method) % 4), alpha=0.85)
             drew = True
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("training step")
+    ax.set_xlabel(STEP_LABEL)
     ax.set_ylabel(ylabel)
     return drew
 
 
-def _step_of(ckpt: str, final_step: int | None) -> int | None:
+STEP_LABEL = "training step (rollout batches)"
+
+
+def _step_of(ckpt: str, rows: list[dict]) -> int | None:
+    """Rollout step of a checkpoint: checkpoint-N is named by TRL's optimiser step N (stapo.schedule)."""
     if ckpt == "base":
         return 0
+    if not rows:
+        return None
     if ckpt.startswith("checkpoint-"):
-        return int(ckpt.split("-", 1)[1])
-    return final_step
+        n = int(ckpt.split("-", 1)[1])
+        return next((int(r.get("rollout_step", n)) for r in rows if r["step"] == n), None)
+    return int(rows[-1].get("rollout_step", rows[-1]["step"]))
 
 
 def _accuracy_panel(ax, scores: list[Score], metrics: dict, model: str, methods: list[str]) -> bool:
@@ -346,17 +359,16 @@ def _accuracy_panel(ax, scores: list[Score], metrics: dict, model: str, methods:
     drew = False
     for method in [m for m in methods if m != "base"]:
         rows = metrics.get((model, method), [])
-        final_step = rows[-1]["step"] if rows else None
         for setting, style in zip(SETTINGS, ("-", "--")):
-            pts = sorted((_step_of(s.ckpt, final_step), s.accuracy) for s in mine
-                         if s.benchmark == bench and s.setting == setting and s.method in (method, "base"))
-            pts = [p for p in pts if p[0] is not None]
+            pts = sorted(p for p in ((_step_of(s.ckpt, rows), s.accuracy) for s in mine
+                                     if s.benchmark == bench and s.setting == setting and s.method in (method, "base"))
+                         if p[0] is not None)
             if pts:
                 label = f"{METHOD_NAMES.get(method, method)} {SETTING_LABELS[setting]}"
                 ax.plot(*zip(*pts), style, marker="o", ms=3, label=label)
                 drew = True
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("training step (0 = base model)")
+    ax.set_xlabel(f"{STEP_LABEL}, 0 = base model")
     ax.set_ylabel(f"{BENCHMARKS.get(bench, bench)} accuracy (%)")
     return drew
 
@@ -398,7 +410,7 @@ def _quantile_panel(ax, diagnostics: dict, model: str, methods: list[str]) -> bo
             ax.plot([], [], style, color="grey", lw=0.9, label=label)
         low, high = ax.get_ylim()
         ax.set_ylim(low, high + 0.3 * (high - low))  # room for the legend above the 90 % curve
-    ax.set_xlabel("training step")
+    ax.set_xlabel(STEP_LABEL)
     ax.set_ylabel("token entropy quantiles 10–90 % (nats)")
     return drew
 

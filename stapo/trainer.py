@@ -272,6 +272,7 @@ class StapoGRPOTrainer(GRPOTrainer):
         self._diagnostics = diagnostics
         if diagnostics is not None:  # every rank observes (collectives under ZeRO-3); rank 0 writes
             diagnostics.writer = self.accelerator.is_main_process
+            diagnostics.steps_per_rollout = optimizer_steps_per_rollout(settings)
             diagnostics.attach(self.accelerator.unwrap_model(self.model))
         self._window = None  # per-optimiser-step accumulators (local to this process)
         self._thresholds: Thresholds | None = None  # this optimiser step's entropy thresholds (mini-batch scope)

@@ -166,3 +166,16 @@ def test_examples_table_says_when_nothing_was_logged(tmp_path):
     scores, runs = _write_study(tmp_path, "m", ["arith"])
     report.write_report(scores, runs, tmp_path / "results", {"models": {"m": {}}})
     assert "No examples logged" in (tmp_path / "results" / "silenced_examples.md").read_text()
+
+
+def test_figures_count_rollout_steps():
+    """x = the paper's training step (rollout batch): a batch's k optimiser steps are averaged, and checkpoint-N
+    (named by optimiser step) sits at its rollout step."""
+    from stapo.report import STEP_LABEL, _series, _step_of
+
+    rows = [{"step": s, "rollout_step": (s + 3) // 4, "entropy_mean": float(s)} for s in range(1, 9)]
+    assert _series(rows, "entropy_mean") == ([1, 2], [2.5, 6.5])
+    assert _series([{"step": 3, "entropy_mean": 1.0}], "entropy_mean") == ([3], [1.0])  # older logs: step
+    assert _step_of("checkpoint-4", rows) == 1 and _step_of("checkpoint-8", rows) == 2
+    assert _step_of("final", rows) == 2 and _step_of("base", rows) == 0 and _step_of("checkpoint-4", []) is None
+    assert "rollout" in STEP_LABEL

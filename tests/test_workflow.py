@@ -59,7 +59,8 @@ def test_paper_dry_run_job_counts(tmp_path):
     assert len([f for f in summaries if f.split("/")[3] == "final"]) == 144
     assert len([f for f in summaries if f.split("/")[2:4] == ["base", "base"]]) == 36
     assert "scores/qwen3-14b-base/stapo/final/olympiadbench/t0.7_p0.9.summary.json" in summaries
-    assert f"scores/qwen3-8b-base/grpo/checkpoint-{every}/aime24/t1.0_p1.0.summary.json" in summaries
+    # eval_every counts rollout steps; checkpoint-N is named by TRL's optimiser step (4 per rollout step)
+    assert f"scores/qwen3-8b-base/grpo/checkpoint-{4 * every}/aime24/t1.0_p1.0.summary.json" in summaries
 
 
 def test_ablations_overlay_adds_methods_on_one_model(tmp_path):
@@ -80,6 +81,8 @@ def test_eval_every_sets_the_aime24_curve_jobs(tmp_path):
     outputs = planned_outputs(tmp_path, "--configfile", PAPER, extra)
     curve = [f for f in outputs if "/checkpoint-" in f and f.endswith(".summary.json")]
     assert len(curve) == 12 * 2 and all(f.endswith("/aime24/t1.0_p1.0.summary.json") for f in curve)
+    # rollout steps 1000 and 2000 = optimiser steps 4000 and 8000 (256 / 64 prompts per rollout batch)
+    assert {f.split("/")[3] for f in curve} == {"checkpoint-4000", "checkpoint-8000"}
 
 
 def test_tiny_dry_run_is_offline_arith_unless_data_dir(tmp_path):

@@ -9,6 +9,7 @@ from snakemake.utils import validate
 
 from stapo.atomic import atomic_write
 from stapo.report import FIGURE_KINDS
+from stapo.schedule import optimizer_steps_per_rollout
 
 validate(config, workflow.source_path("../schemas/config.schema.yaml"), set_default=True)
 
@@ -48,12 +49,19 @@ def benchmarks():
     return names
 
 
-def curve_checkpoints():
-    """checkpoint-N for N = eval_every, 2 eval_every, ... < train.max_steps (final is the curve's last point)."""
+def curve_checkpoints(model):
+    """Checkpoints at rollout steps eval_every, 2 eval_every, ... < train.max_steps (final is the curve's last
+    point). Both count rollout steps (the paper's unit); checkpoint-<N> is named by TRL's optimiser step N = k × that
+    (stapo.schedule)."""
     every = WF.get("eval_every")
     if not every:
         return []
-    return [f"checkpoint-{n}" for n in range(every, int(config["train"]["max_steps"]), every)]
+    train = {**config["train"], **(config["models"][model].get("train") or {})}
+    k = optimizer_steps_per_rollout(train)
+    if every % int(train.get("save_steps", 1)):
+        raise ValueError(f"workflow.eval_every ({every}) must be a multiple of train.save_steps "
+                         f"({train.get('save_steps')}): only saved checkpoints can be evaluated")
+    return [f"checkpoint-{n * k}" for n in range(every, int(train["max_steps"]), every)]
 
 
 def score_file(model, method, ckpt, benchmark, setting):
@@ -74,7 +82,7 @@ def all_summaries():
         if curve_bench in benchmarks():
             for method in METHODS:
                 files += [score_file(model, method, c, curve_bench, s)
-                          for c in curve_checkpoints() if c not in full for s in curve_settings]
+                          for c in curve_checkpoints(model) if c not in full for s in curve_settings]
     return files
 
 
