@@ -527,6 +527,14 @@ def _checkpoints(out: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def process_state():
+    """accelerate's process state, on the CPU when there is no GPU: the first PartialState of a process fixes the
+    distributed type, and only ``cpu=True`` makes a CPU launch of several processes a gloo group (MULTI_CPU)."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
 def latest_complete_checkpoint(out: str | os.PathLike) -> Path | None:
     """The newest checkpoint-<N> with the sentinel, trainer_state.json and weights; half-written ones are skipped."""
     complete = [path for _, path in _checkpoints(Path(out)) if _is_complete(path)]
@@ -538,9 +546,7 @@ def _prepare_resume(out: Path) -> Path | None:
 
     Every rank picks the same checkpoint; only the main process deletes and rewrites (then all ranks wait).
     """
-    from accelerate import PartialState
-
-    state = PartialState()
+    state = process_state()
     ckpt = latest_complete_checkpoint(out)
     if state.is_main_process:
         _clean_after(out, int(ckpt.name.split("-")[1]) if ckpt else 0)
@@ -626,14 +632,13 @@ def training_dataset(plan: Plan, tokenizer):
 
 def build_trainer(plan: Plan, out: Path, *, plain: bool = False, callbacks=(), **config_overrides):
     """The StapoGRPOTrainer for ``plan`` (or, ``plain=True``, a stock GRPOTrainer with loss_type="dapo")."""
-    from accelerate import PartialState
     from transformers import AutoTokenizer
 
     model_dir = resolve_model(plan.model_spec)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    state = PartialState()
+    state = process_state()
     stop_ids = tokenizer.convert_tokens_to_ids(end_of_turn_tokens(tokenizer))
     config = grpo_config(plan, out, state.num_processes, deepspeed=state.distributed_type.value == "DEEPSPEED",
                          stop_token_ids=stop_ids, **config_overrides)
