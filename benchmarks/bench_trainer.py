@@ -10,6 +10,10 @@ Each trial is a fresh subprocess (so peak RSS is per variant); trials are interl
 drifts hit every variant alike. The reward is a deterministic coin on the completion text so that advantages are
 non-zero and the S2T mask does real work. Target: ratios ≤ 1.05.
 
+A timed step is one training step in the paper's unit: a rollout batch of 8 prompts × 4 completions (generation)
+and its 2 optimiser updates of 16 completions each (the paper: 4 updates), so TRL runs its no-grad π_old forward
+for every variant, and stapo's mini-batch thresholds (quantile_scope: mini_batch, the default) reuse it.
+
     python benchmarks/bench_trainer.py [--rounds 3] [--steps 4] [--model bundled:tiny-qwen3]
 
 Measured 2026-12-02, 2 CPU cores shared with two other jobs (load average ~5), --rounds 2 --steps 3
@@ -57,7 +61,7 @@ def worker(variant: str, steps: int, model: str) -> dict:
     recipe = T.load_recipe(os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.yaml"))
     recipe["models"]["bench"] = {"spec": model}
     recipe["train"].update(dataset={"name": "synthetic-arith", "n": 64, "difficulty": 1, "seed": 0}, reward="coin",
-                           max_steps=steps, save_steps=10_000, warmup_steps=0, prompts_per_generation=4,
+                           max_steps=steps, save_steps=10_000, warmup_steps=0, prompts_per_generation=8,
                            num_generations=4, prompts_per_step=4, per_device_train_batch_size=8,
                            max_completion_length=16, diagnostics_every=1 if variant == "stapo-diag" else 0)
     method = "justrl" if variant in ("trl-dapo", "stapo-justrl") else "stapo"
@@ -75,7 +79,9 @@ def worker(variant: str, steps: int, model: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
         trainer = T.build_trainer(plan, out, plain=variant == "trl-dapo", callbacks=[StepClock()], disable_tqdm=True)
         trainer.train()
-    return {"variant": variant, "step_seconds": times,
+    k = T.optimizer_steps_per_rollout(plan.settings)  # optimiser steps per training (rollout) step
+    per_rollout = [sum(times[i:i + k]) for i in range(0, len(times), k)]
+    return {"variant": variant, "step_seconds": per_rollout,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -91,7 +97,7 @@ def _trial(variant: str, steps: int, model: str) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=4, help="optimiser steps per trial (the first is dropped)")
+    p.add_argument("--steps", type=int, default=4, help="training (rollout) steps per trial; the first is dropped")
     p.add_argument("--model", default="bundled:tiny-qwen3")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
