@@ -63,7 +63,13 @@ __all__ = [
     "step_thresholds",
 ]
 
-_METHOD_NAMES = ("grpo", "entropy20", "justrl", "stapo", "stapo_high", "stapo_random", "stapo_full")
+# method -> the token mask that selects the tokens of its loss (kept_mask dispatches on it):
+#   all           every completion token (grpo, justrl)
+#   high_entropy  20-Entropy: the top-ρ entropy tokens
+#   s2t           STAPO: all but the S2T-silenced tokens; s2t_high / s2t_random / s2t_full: its ablations
+TOKEN_MASKS = {"grpo": "all", "justrl": "all", "entropy20": "high_entropy", "stapo": "s2t", "stapo_high": "s2t_high",
+               "stapo_random": "s2t_random", "stapo_full": "s2t_full"}
+_METHOD_NAMES = tuple(TOKEN_MASKS)
 AGG_MODES = ("token-mean", "seq-mean-token-mean")
 SCOPES = ("mini_batch", "micro_batch")
 
@@ -111,9 +117,14 @@ class ObjectiveConfig:
     quantile_scope: str = "mini_batch"
 
     @property
+    def token_mask(self) -> str:
+        """The token mask of this method (``TOKEN_MASKS``)."""
+        return TOKEN_MASKS[self.method]
+
+    @property
     def uses_thresholds(self) -> bool:
-        """True for the methods whose token mask needs an entropy threshold (20-Entropy, STAPO and ablations)."""
-        return self.method == "entropy20" or self.method.startswith("stapo")
+        """True when the token mask needs entropy thresholds (20-Entropy, STAPO and its ablations)."""
+        return self.token_mask != "all"
 
     def __post_init__(self) -> None:
         if self.method not in _METHOD_NAMES:
@@ -228,9 +239,9 @@ def step_thresholds(
     m = completion_mask.bool()
     h = entropies.detach().float()
     out = {}
-    if cfg.method == "entropy20":
+    if cfg.token_mask == "high_entropy":
         out["entropy_cut"] = _quantile_or_nan(_gather_across_ranks(h[m]), 1.0 - cfg.top_entropy_ratio)
-    elif cfg.method.startswith("stapo"):
+    elif cfg.token_mask.startswith("s2t"):
         cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=m, tau_p=cfg.tau_p)
         pool = _gather_across_ranks(h[cand])
         out["tau_h"] = _quantile_or_nan(pool, cfg.entropy_quantile)
@@ -347,21 +358,21 @@ def kept_mask(
     """
     m = completion_mask.bool()
     none = torch.zeros_like(m)
-    t = thresholds or Thresholds()
-    if cfg.method == "entropy20":
-        cut = None if thresholds is None else t.entropy_cut
+    kind = cfg.token_mask
+    if kind == "all":
+        return m, none
+    if kind == "high_entropy":
+        cut = None if thresholds is None else thresholds.entropy_cut
         return high_entropy_mask(entropies=entropies, completion_mask=m, ratio=cfg.top_entropy_ratio, cut=cut), none
     common = dict(logps=logps, entropies=entropies, advantages=advantages, completion_mask=m, tau_p=cfg.tau_p,
                   q=cfg.entropy_quantile)
-    if cfg.method == "stapo":
-        silenced = silence_mask(**common, tau_h=None if thresholds is None else t.tau_h)
-    elif cfg.method.startswith("stapo_"):
-        if generator is None and cfg.method == "stapo_random":
+    if kind == "s2t":
+        silenced = silence_mask(**common, tau_h=None if thresholds is None else thresholds.tau_h)
+    else:  # s2t_high, s2t_random, s2t_full
+        if generator is None and kind == "s2t_random":
             generator = torch.Generator().manual_seed(cfg.seed)
-        silenced = ablation_silence_mask(cfg.method.removeprefix("stapo_"), generator=generator,
-                                         thresholds=thresholds, **common)
-    else:
-        return m, none
+        silenced = ablation_silence_mask(kind.removeprefix("s2t_"), generator=generator, thresholds=thresholds,
+                                         **common)
     return m & ~silenced, silenced
 
 
