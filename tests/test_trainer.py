@@ -108,21 +108,6 @@ def test_paper_recipe_maps_to_trl_batches():
     assert T.resolve_plan(recipe, "qwen3-14b-base", "stapo").settings.vllm_gpu_memory_utilization == 0.45
 
 
-def test_incomplete_checkpoint_is_never_picked(tmp_path):
-    good = tmp_path / "checkpoint-2"
-    good.mkdir()
-    for name in ("trainer_state.json", "model.safetensors", T.COMPLETE):
-        (good / name).write_text("x")
-    half = tmp_path / "checkpoint-4"
-    half.mkdir()
-    (half / "model.safetensors").write_text("x")  # killed before trainer_state.json / the sentinel
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in (1, 2, 3)))
-    assert T.latest_complete_checkpoint(tmp_path) == good
-    assert T._prepare_resume(tmp_path) == good
-    assert not half.exists()
-    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
-
-
 # ------------------------------------------------------------------------------- gradient accumulation (exact)
 
 
