@@ -96,9 +96,10 @@ def check_keys(config: dict, model: str | None, method: str | None, *, source: s
 
 
 def check_plans(config: dict, models, methods, *, source: str = "config") -> None:
-    """Resolve every (model, method) plan and check every model spec, as ``stapo train`` will; StudyError."""
+    """Resolve every (model, method) plan, its TRL batch split (one process per GPU of models.<key>.gpus) and every
+    model spec, as ``stapo train`` will; StudyError."""
     from stapo.models import check_spec
-    from stapo.trainer import resolve_plan
+    from stapo.trainer import accumulation, resolve_plan
 
     for model in models:
         try:
@@ -107,6 +108,7 @@ def check_plans(config: dict, models, methods, *, source: str = "config") -> Non
             raise StudyError(f"{source}: models.{model}.spec: {err}") from None
         for method in methods:
             try:
-                resolve_plan(config, model, method)
+                plan = resolve_plan(config, model, method)
+                accumulation(plan.settings, max(1, int(config["models"][model].get("gpus") or 0)))
             except (ValueError, TypeError) as err:
                 raise StudyError(f"{source}: {err}") from None

@@ -524,6 +524,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from accelerate import PartialState
+
     from stapo.study import TRAIN_SECTIONS, StudyError, check_schema, load
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -532,6 +534,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         plan = resolve_plan(recipe, args.model, args.method, max_steps=args.max_steps, seed=args.seed)
         check_spec(plan.model_spec)
+        accumulation(plan.settings, PartialState().num_processes)
     except (ValueError, TypeError, OSError) as err:
         raise StudyError(f"{args.recipe}: {err}") from err
     final = train(plan, args.out, restart=args.restart)
