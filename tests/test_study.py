@@ -73,6 +73,11 @@ BAD = [
 ]
 
 
+# run on every `make test-fast`; the whole list runs with the slow tests (~10 s per Snakemake parse on 2 cores)
+FAST = ("top-level-typo", "model-unknown-bundled", "max_steps-negative", "micro-batch-split")
+BAD_SNAKEMAKE = [pytest.param(*b, id=b[0], marks=() if b[0] in FAST else pytest.mark.slow) for b in BAD]
+
+
 def bad_file(tmp_path: Path, edit) -> Path:
     config = copy.deepcopy(TINY)
     edit(config)
@@ -111,7 +116,7 @@ def test_stapo_train_rejects_bad_config_in_one_line(tmp_path, capsys, no_model, 
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("name, edit, culprit", BAD, ids=[b[0] for b in BAD])
+@pytest.mark.parametrize("name, edit, culprit", BAD_SNAKEMAKE)
 def test_snakemake_dry_run_rejects_the_same_configs(tmp_path, name, edit, culprit):
     path = bad_file(tmp_path, edit)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1"}
