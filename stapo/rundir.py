@@ -286,8 +286,8 @@ def claim(out: str | os.PathLike, resolved: dict, *, restart: bool = False) -> N
         if changes and not restart:
             shown = "; ".join(changes[:4]) + (f"; ... ({len(changes)} in all)" if len(changes) > 4 else "")
             raise RunConfigMismatch(f"{path}: this run was started with another config ({shown}). Resuming would "
-                                    "mix the two; rerun with --restart to move the old run aside and start afresh, "
-                                    "or give another --out")
+                                    "mix the two; rerun with --restart (Snakemake: STAPO_RESTART=1 snakemake ...) to "
+                                    "move the old run aside and start afresh, or give another --out")
         if changes and state.is_main_process:
             _supersede(out)
     elif has_progress:

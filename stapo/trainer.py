@@ -519,8 +519,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=None, help="override train.max_steps")
     parser.add_argument("--seed", type=int, default=None, help="override train.seed")
     parser.add_argument("--restart", action="store_true",
+                        default=os.environ.get("STAPO_RESTART", "0") not in ("", "0"),
                         help="the run directory was started with another config: move that run aside "
-                             "(DIR/superseded-<time>/) and start afresh, instead of refusing")
+                             "(DIR/superseded-<time>/) and start afresh, instead of refusing (or STAPO_RESTART=1, "
+                             "e.g. for the jobs of a Snakemake run)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -234,7 +234,7 @@ def test_which_changes_mix_two_configs():
     assert rundir.config_changes(a, {**a, "model": {"spec": "n"}}) == ["model.spec: 'm' (run) -> 'n' (now)"]
 
 
-def test_cli_reports_a_mismatch_in_one_line(tmp_path, capsys, no_training):
+def test_cli_reports_a_mismatch_in_one_line(tmp_path, capsys, monkeypatch, no_training):
     recipe = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     recipe["train"].update(max_steps=4, learning_rate=2e-5)
     path = tmp_path / "recipe.yaml"
@@ -250,6 +250,10 @@ def test_cli_reports_a_mismatch_in_one_line(tmp_path, capsys, no_training):
     with pytest.raises(rundir.RunConfigMismatch):  # --debug: the traceback is available
         cli.main(["--debug", "train", "--recipe", str(path), "--model", "tiny-qwen3", "--method", "stapo",
                   "--out", str(out)])
+    monkeypatch.setenv("STAPO_RESTART", "1")  # how a Snakemake run passes --restart to its jobs
+    with pytest.raises(AssertionError, match="build_trainer called"):
+        cli.main(["train", "--recipe", str(path), "--model", "tiny-qwen3", "--method", "stapo", "--out", str(out)])
+    assert len(list(out.glob("superseded-*/checkpoint-2"))) == 1
 
 
 # ------------------------------------------------------------------------------------------ end to end (slow)
