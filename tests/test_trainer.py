@@ -17,6 +17,7 @@ torch.set_num_threads(1)  # 2 shared cores: oversubscribed OpenMP threads make t
 from safetensors.torch import load_file  # noqa: E402
 
 import stapo.trainer as T  # noqa: E402
+from stapo import rundir  # noqa: E402
 from stapo.objectives import policy_loss  # noqa: E402
 from stapo.rewards import REWARDS  # noqa: E402
 
@@ -191,8 +192,9 @@ def test_each_method_trains_and_writes_outputs(tmp_path, coin, method):
     # layout: checkpoints every save_step (HF format + tokenizer, complete), final/, resolved config
     for step in (1, 2):
         ckpt = tmp_path / f"checkpoint-{step}"
-        assert T._is_complete(ckpt) and (ckpt / "tokenizer.json").exists() and (ckpt / "optimizer.pt").exists()
+        assert rundir.problems(ckpt) == [] and (ckpt / "tokenizer.json").exists() and (ckpt / "optimizer.pt").exists()
     assert final == tmp_path / "final" and (final / "config.json").exists() and (final / "tokenizer.json").exists()
+    assert rundir.verify_final(tmp_path, 2)
     resolved = T.yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert resolved["method"]["method"] == method and resolved["trl"]["gradient_accumulation_steps"] == 2
     # weights change after one step
