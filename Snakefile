@@ -8,10 +8,15 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "configs/paper.yaml"
+# --configfile FILE makes FILE the study (a second --configfile overlays it); without one, the paper's study.
+if not workflow.overwrite_configfiles:
+
+    configfile: "configs/paper.yaml"
+
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/study.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/eval.smk"
 include: "workflow/rules/report.smk"

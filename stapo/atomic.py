@@ -15,6 +15,24 @@ from pathlib import Path
 __all__ = ["atomic_write", "atomic_write_json", "atomic_dir", "append_line"]
 
 
+def _umask() -> int:
+    """The process umask; read from /proc where possible (setting it to read it races with other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _normal_mode(path: Path, directory: bool = False) -> None:
+    """mkstemp/mkdtemp create 0600/0700 (private temporaries); the final output gets what open() would give."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     """Write ``data`` to ``path`` atomically (parents created)."""
     path = Path(path)
@@ -25,6 +43,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        _normal_mode(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -54,6 +73,7 @@ def atomic_dir(path: str | os.PathLike):
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
+        _normal_mode(tmp, directory=True)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # subcommand -> (module, one-line help); each module exposes add_arguments(parser) and run(args) -> int
@@ -19,8 +20,46 @@ SUBCOMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run one subcommand; a UserError (bad config, missing file ...) is one line on stderr and exit status 2.
+
+    ``--debug`` (anywhere in argv) or ``STAPO_DEBUG=1`` re-raises it with its traceback.
+    """
+    from stapo.errors import UserError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("STAPO_DEBUG", "0") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        _precheck(argv)
+        return _run(argv)
+    except UserError as err:
+        if debug:
+            raise
+        name = argv[0] if argv and argv[0] in SUBCOMMANDS else ""
+        print(f"stapo {name}: error: " + " ".join(str(err).split("\n")), file=sys.stderr)
+        return 2
+
+
+def _precheck(argv: list[str]) -> None:
+    """stapo train: check the recipe's YAML and schema before the trainer's imports (torch, TRL: seconds)."""
+    if not argv or argv[0] != "train":
+        return
+    pre = argparse.ArgumentParser(add_help=False)
+    for flag in ("--recipe", "--model", "--method"):
+        pre.add_argument(flag)
+    known = pre.parse_known_args(argv[1:])[0]
+    if known.recipe:
+        from stapo.study import TRAIN_SECTIONS, check_keys, check_schema, load
+
+        recipe = load(known.recipe)
+        check_schema(recipe, source=known.recipe, required=TRAIN_SECTIONS)
+        check_keys(recipe, known.model, known.method, source=known.recipe)
+
+
+def _run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="stapo", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show the traceback of configuration errors too "
+                        "(or STAPO_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     for cmd, (module, help_text) in SUBCOMMANDS.items():

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import parse_qsl
 
-__all__ = ["resolve_model", "cache_dir", "end_of_turn_tokens", "PAPER_MODELS", "TINY_QWEN3_DEFAULTS"]
+__all__ = ["resolve_model", "check_spec", "cache_dir", "end_of_turn_tokens", "PAPER_MODELS", "TINY_QWEN3_DEFAULTS"]
 
 # The paper's three base models (hub ids).
 PAPER_MODELS = {
@@ -128,25 +128,38 @@ def _tiny_size(query: str) -> dict:
     return size
 
 
-def resolve_model(spec: str) -> str:
-    """A local directory (or, for a hub id, the id itself) that from_pretrained can load offline-first."""
+def check_spec(spec: str) -> None:
+    """Raise (ValueError / FileNotFoundError naming the spec) if ``spec`` cannot name a model; builds nothing."""
     if spec.startswith("bundled:"):
         name, _, query = spec[len("bundled:") :].partition("?")
-        if name == "smollm2-135m-instruct":
-            return str(_unquantized(_build_atomically(cache_dir() / "smollm2-135m-instruct", _smollm2)))
+        if name not in ("smollm2-135m-instruct", "tiny-qwen3"):
+            raise ValueError(f"model: unknown bundled model {spec!r}; expected bundled:smollm2-135m-instruct or "
+                             "bundled:tiny-qwen3")
         if name == "tiny-qwen3":
-            size = _tiny_size(query)
-            tag = "-".join(f"{k}{v}" for k, v in sorted(size.items()))
-            return str(_build_atomically(cache_dir() / f"tiny-qwen3-{tag}", lambda t: _tiny_qwen3(t, size)))
-        raise ValueError(f"model: unknown bundled model {spec!r}; expected bundled:smollm2-135m-instruct or "
-                         "bundled:tiny-qwen3")
+            _tiny_size(query)
+        return
     spec = PAPER_MODELS.get(spec, spec)
     if Path(spec).exists():
         if not (Path(spec) / "config.json").exists():
             raise FileNotFoundError(f"model: {spec} exists but has no config.json (not an HF model directory)")
-        return str(Path(spec).resolve())
+        return
     if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
         raise FileNotFoundError(f"model: {spec!r} is neither a local model directory nor a hub id (owner/name)")
+
+
+def resolve_model(spec: str) -> str:
+    """A local directory (or, for a hub id, the id itself) that from_pretrained can load offline-first."""
+    check_spec(spec)
+    if spec.startswith("bundled:"):
+        name, _, query = spec[len("bundled:") :].partition("?")
+        if name == "smollm2-135m-instruct":
+            return str(_unquantized(_build_atomically(cache_dir() / "smollm2-135m-instruct", _smollm2)))
+        size = _tiny_size(query)
+        tag = "-".join(f"{k}{v}" for k, v in sorted(size.items()))
+        return str(_build_atomically(cache_dir() / f"tiny-qwen3-{tag}", lambda t: _tiny_qwen3(t, size)))
+    spec = PAPER_MODELS.get(spec, spec)
+    if Path(spec).exists():
+        return str(Path(spec).resolve())
     return spec  # hub id: transformers / vLLM download it (or use HF_HUB_OFFLINE's cache)
 
 

@@ -55,7 +55,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -66,19 +65,20 @@ import yaml
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from stapo.atomic import append_line, atomic_write
+from stapo.atomic import append_line
 from stapo.data import DatasetError, build_prompt, load_problems, validate_source
 from stapo.diagnostics import TokenDiagnostics
-from stapo.models import end_of_turn_tokens, resolve_model
+from stapo import rundir
+from stapo.models import check_spec, end_of_turn_tokens, resolve_model
 from stapo.objectives import ObjectiveConfig, Thresholds, get_objective, policy_loss, step_thresholds
 from stapo.rewards import REWARDS
+from stapo.rundir import CheckpointSentinel, latest_complete_checkpoint, process_state
 from stapo.schedule import optimizer_steps_per_rollout, per_rollout_schedule, rollout_step
 
 __all__ = ["TrainSettings", "Plan", "load_recipe", "resolve_plan", "StapoGRPOTrainer", "build_trainer", "train",
            "latest_complete_checkpoint", "add_arguments", "run"]
 
 log = logging.getLogger("stapo.trainer")
-COMPLETE = "STAPO_CHECKPOINT_COMPLETE"  # sentinel written after a checkpoint is fully saved
 STEP_METRICS = ("entropy_mean", "candidate_fraction", "silenced_fraction", "kept_fraction", "clip_fraction",
                 "clip_fraction_low", "clip_fraction_high", "clip_fraction_dual", "ratio_mean", "kl_mean")
 
@@ -502,72 +502,6 @@ class MetricsJsonl(TrainerCallback):
         append_line(self.path, json.dumps(row))
 
 
-class CheckpointSentinel(TrainerCallback):
-    """Mark ``checkpoint-<step>/`` complete once the Trainer has finished writing it (model, optimizer, RNG)."""
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if ckpt.is_dir():
-                atomic_write(ckpt / COMPLETE, f"{state.global_step}\n")
-
-
-def _is_complete(ckpt: Path) -> bool:
-    has_weights = any((ckpt / name).exists() for name in ("model.safetensors", "model.safetensors.index.json",
-                                                           "pytorch_model.bin", "pytorch_model.bin.index.json"))
-    return (ckpt / COMPLETE).is_file() and (ckpt / "trainer_state.json").is_file() and has_weights
-
-
-def _checkpoints(out: Path) -> list[tuple[int, Path]]:
-    found = []
-    for path in out.glob("checkpoint-*"):
-        suffix = path.name[len("checkpoint-"):]
-        if path.is_dir() and suffix.isdigit():
-            found.append((int(suffix), path))
-    return sorted(found)
-
-
-def process_state():
-    """accelerate's process state, on the CPU when there is no GPU: the first PartialState of a process fixes the
-    distributed type, and only ``cpu=True`` makes a CPU launch of several processes a gloo group (MULTI_CPU)."""
-    from accelerate import PartialState
-
-    return PartialState(cpu=not torch.cuda.is_available())
-
-
-def latest_complete_checkpoint(out: str | os.PathLike) -> Path | None:
-    """The newest checkpoint-<N> with the sentinel, trainer_state.json and weights; half-written ones are skipped."""
-    complete = [path for _, path in _checkpoints(Path(out)) if _is_complete(path)]
-    return complete[-1] if complete else None
-
-
-def _prepare_resume(out: Path) -> Path | None:
-    """Pick the resume checkpoint; drop newer half-written checkpoints and metrics lines past its step.
-
-    Every rank picks the same checkpoint; only the main process deletes and rewrites (then all ranks wait).
-    """
-    state = process_state()
-    ckpt = latest_complete_checkpoint(out)
-    if state.is_main_process:
-        _clean_after(out, int(ckpt.name.split("-")[1]) if ckpt else 0)
-    state.wait_for_everyone()
-    return ckpt
-
-
-def _clean_after(out: Path, step: int) -> None:
-    """Remove checkpoints newer than ``step`` or incomplete, and metrics/diagnostics lines past ``step``."""
-    for n, path in _checkpoints(out):
-        if n > step or not _is_complete(path):
-            log.warning("removing incomplete checkpoint %s", path)
-            shutil.rmtree(path, ignore_errors=True)
-    for name in ("metrics.jsonl", *TokenDiagnostics.FILES):
-        path = out / name
-        if path.exists():
-            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line)["step"] <= step]
-            atomic_write(path, "".join(line + "\n" for line in kept))
-
-
 # --------------------------------------------------------------------------------------------------- build
 
 
@@ -671,36 +605,28 @@ def _resolved_config(plan: Plan, config: GRPOConfig) -> dict:
     }
 
 
-def _save_final(trainer, out: Path) -> Path:
-    """Write DIR/final (weights + tokenizer) through a temporary sibling and one rename, on every rank's watch."""
-    final, tmp = out / "final", out / ".final.tmp"
-    acc = trainer.accelerator
-    if acc.is_main_process and tmp.exists():
-        shutil.rmtree(tmp)
-    acc.wait_for_everyone()
-    trainer.save_model(str(tmp))  # all ranks: ZeRO-3 gathers the weights
-    acc.wait_for_everyone()
-    if acc.is_main_process:
-        trainer.processing_class.save_pretrained(str(tmp))
-        os.replace(tmp, final)
-    acc.wait_for_everyone()
-    return final
+def train(plan: Plan, out: str | os.PathLike, *, restart: bool = False) -> Path:
+    """Run (or resume) one training run into ``out``; returns ``out/final``.
 
-
-def train(plan: Plan, out: str | os.PathLike) -> Path:
-    """Run (or resume) one training run into ``out``; returns ``out/final``."""
+    The run directory's rules (stapo.rundir): the config it was started with is recorded and a rerun with another
+    one refuses (``restart``: move the old run aside); the resume checkpoint is the newest intact one; one already
+    at max_steps only writes final/; final/ counts only once it verifies.
+    """
     out = Path(out)
-    if (out / "final").is_dir():
+    out.mkdir(parents=True, exist_ok=True)
+    state = process_state()
+    config = grpo_config(plan, out, state.num_processes, deepspeed=state.distributed_type.value == "DEEPSPEED")
+    rundir.claim(out, _resolved_config(plan, config), restart=restart)  # before any model loads
+    if rundir.verify_final(out, config.max_steps):
         log.warning("%s/final exists: the run is complete, nothing to do", out)
         return out / "final"
-    out.mkdir(parents=True, exist_ok=True)
-    resume = _prepare_resume(out)
+    resume = rundir.prepare_resume(out)
+    if resume is not None and rundir.checkpoint_step(resume) >= config.max_steps:
+        return rundir.finalize_from_checkpoint(resume, out)
     k = optimizer_steps_per_rollout(plan.settings)
     trainer = build_trainer(plan, out, callbacks=[MetricsJsonl(out / "metrics.jsonl", k), CheckpointSentinel()])
-    if trainer.accelerator.is_main_process:
-        atomic_write(out / "config.yaml", yaml.safe_dump(_resolved_config(plan, trainer.args), sort_keys=False))
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    return _save_final(trainer, out)
+    return rundir.save_final(trainer, out)
 
 
 # ------------------------------------------------------------------------------------------------------ CLI
@@ -713,11 +639,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="run directory (metrics.jsonl, checkpoint-N/, final/)")
     parser.add_argument("--max-steps", type=int, default=None, help="override train.max_steps (rollout steps)")
     parser.add_argument("--seed", type=int, default=None, help="override train.seed")
+    parser.add_argument("--restart", action="store_true",
+                        default=os.environ.get("STAPO_RESTART", "0") not in ("", "0"),
+                        help="the run directory was started with another config: move that run aside "
+                             "(DIR/superseded-<time>/) and start afresh, instead of refusing (or STAPO_RESTART=1, "
+                             "e.g. for the jobs of a Snakemake run)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from stapo.study import TRAIN_SECTIONS, StudyError, check_schema, load
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    plan = resolve_plan(load_recipe(args.recipe), args.model, args.method, max_steps=args.max_steps, seed=args.seed)
-    final = train(plan, args.out)
+    recipe = load(args.recipe)
+    check_schema(recipe, source=str(args.recipe), required=TRAIN_SECTIONS)
+    try:
+        plan = resolve_plan(recipe, args.model, args.method, max_steps=args.max_steps, seed=args.seed)
+        check_spec(plan.model_spec)
+        accumulation(plan.settings, process_state().num_processes)
+    except (ValueError, TypeError, OSError) as err:
+        raise StudyError(f"{args.recipe}: {err}") from err
+    final = train(plan, args.out, restart=args.restart)
     print(f"stapo train: {plan.model_key}/{plan.method_key} done -> {final}")
     return 0

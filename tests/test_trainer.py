@@ -17,6 +17,7 @@ torch.set_num_threads(1)  # 2 shared cores: oversubscribed OpenMP threads make t
 from safetensors.torch import load_file  # noqa: E402
 
 import stapo.trainer as T  # noqa: E402
+from stapo import rundir  # noqa: E402
 from stapo.objectives import policy_loss  # noqa: E402
 from stapo.rewards import REWARDS  # noqa: E402
 
@@ -192,21 +193,6 @@ def test_rollouts_stop_at_every_end_of_turn_token(tmp_path):
     assert is_eos.int().argmax(1).tolist() == [2, 1]
 
 
-def test_incomplete_checkpoint_is_never_picked(tmp_path):
-    good = tmp_path / "checkpoint-2"
-    good.mkdir()
-    for name in ("trainer_state.json", "model.safetensors", T.COMPLETE):
-        (good / name).write_text("x")
-    half = tmp_path / "checkpoint-4"
-    half.mkdir()
-    (half / "model.safetensors").write_text("x")  # killed before trainer_state.json / the sentinel
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in (1, 2, 3)))
-    assert T.latest_complete_checkpoint(tmp_path) == good
-    assert T._prepare_resume(tmp_path) == good
-    assert not half.exists()
-    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
-
-
 # ------------------------------------------------------------------------------- gradient accumulation (exact)
 
 
@@ -290,8 +276,9 @@ def test_each_method_trains_and_writes_outputs(tmp_path, coin, method):
     # layout: checkpoints every save_step (HF format + tokenizer, complete), final/, resolved config
     for step in (1, 2):
         ckpt = tmp_path / f"checkpoint-{step}"
-        assert T._is_complete(ckpt) and (ckpt / "tokenizer.json").exists() and (ckpt / "optimizer.pt").exists()
+        assert rundir.problems(ckpt) == [] and (ckpt / "tokenizer.json").exists() and (ckpt / "optimizer.pt").exists()
     assert final == tmp_path / "final" and (final / "config.json").exists() and (final / "tokenizer.json").exists()
+    assert rundir.verify_final(tmp_path, 2)
     resolved = T.yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert resolved["method"]["method"] == method and resolved["trl"]["gradient_accumulation_steps"] == 2
     # weights change after one step

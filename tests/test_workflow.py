@@ -27,10 +27,14 @@ def snakemake(*args, cwd: Path, env: dict | None = None, timeout: float = 300) -
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+SETUP = ("recipe", "study_file")  # the jobs that write each job's --recipe and results/study.yaml
+
+
 def job_counts(output: str) -> dict[str, int]:
-    """The 'Job stats' table of a dry run: rule -> count."""
+    """The 'Job stats' table of a dry run: rule -> count (without the SETUP jobs)."""
     table = output.split("Job stats:", 1)[1]
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)
+            if m.group(1) not in ("total", *SETUP)}
 
 
 def planned_outputs(cwd: Path, *config_args) -> list[str]:
@@ -107,24 +111,72 @@ def test_train_jobs_launch_accelerate_on_multi_gpu(tmp_path):
     res = snakemake("-n", "-p", "--configfile", PAPER, "--", "runs/qwen3-8b-base/stapo/final", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "accelerate launch --config_file configs/accelerate/" in res.stdout
-    assert "-m stapo.cli train --recipe results/study.yaml --model qwen3-8b-base --method stapo" in res.stdout
+    assert re.search(r"-m stapo\.cli train --recipe results/recipes/[0-9a-f]{16}\.yaml --model qwen3-8b-base "
+                     r"--method stapo", res.stdout)
 
 
-@pytest.mark.parametrize("patch, key", [
-    ({"stuy": "typo"}, "stuy"),
-    ({"workflow": {"eval_bse": True}}, "eval_bse"),
-    ({"methods": {"stapo": {"objective": "stapo", "tau": 0.1}}}, "tau"),
-    ({"eval": {"settings": {"t1.0_p0.95": {"temperature": 1.0, "top_p": 0.95}}}}, "t1.0_p0.95"),
-    ({"models": {"qwen3-8b-base": {"spec": "Qwen/Qwen3-8B-Base", "gpu": 8}}}, "gpu"),
+@pytest.mark.parametrize("patch, message", [
+    ({"stuy": "typo"}, "stuy: unknown key"),
+    ({"workflow": {"eval_bse": True}}, "workflow.eval_bse: unknown key"),
+    ({"methods": {"stapo": {"objective": "stapo", "tau": 0.1}}}, "methods.stapo.tau: unknown key"),
+    ({"eval": {"settings": {"t1.0_p0.95": {"temperature": 1.0, "top_p": 0.95}}}}, "eval.settings: 't1.0_p0.95' is"),
+    ({"models": {"qwen3-8b-base": {"spec": "Qwen/Qwen3-8B-Base", "gpu": 8}}}, "models.qwen3-8b-base.gpu: unknown key"),
 ])
-def test_schema_rejects_bad_key_before_any_job(tmp_path, patch, key):
+def test_schema_rejects_bad_key_before_any_job(tmp_path, patch, message):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(patch))
     res = snakemake("-n", "--configfile", PAPER, bad, cwd=tmp_path)
     out = res.stdout + res.stderr
     assert res.returncode != 0
-    assert "Error validating config file" in out and repr(key) in out, out[-2000:]
-    assert "Building DAG" not in out
+    # one line naming the config files and the key, not jsonschema's dump of the schema
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith(f"stapo config error: config ({PAPER}, {bad}): {message}"), out[-2000:]
+    assert "Failed validating" not in out and "Building DAG" not in out
+
+
+def _planned_recipe(cwd: Path, *config_args) -> str:
+    """The --recipe of the planned stapo/smollm2 training job of the miniature."""
+    res = snakemake("-n", "-p", *config_args, "--", "runs/smollm2-135m/stapo/final", cwd=cwd)
+    assert res.returncode == 0, res.stderr
+    return re.search(r"train --recipe (results/recipes/[0-9a-f]{16}\.yaml) ", res.stdout).group(1)
+
+
+def test_a_dry_run_with_another_config_cannot_change_a_planned_job(tmp_path):
+    """Point 1: parsing writes no config; each job's --recipe is a content-addressed file written by a job."""
+    recipe = _planned_recipe(tmp_path, "--configfile", TINY)
+    assert not (tmp_path / "results").exists()  # the dry run wrote nothing (it used to rewrite results/study.yaml)
+    res = snakemake("--cores", "1", "--configfile", TINY, "--", recipe, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    written = (tmp_path / recipe).read_text()
+    # exactly what the job reads: this model's spec, this method, the train section (no resources, no eval)
+    doc = yaml.safe_load(written)
+    assert doc == {"models": {"smollm2-135m": {"spec": "bundled:smollm2-135m-instruct"}},
+                   "methods": {"stapo": yaml.safe_load(TINY.read_text())["methods"]["stapo"]},
+                   "train": yaml.safe_load(TINY.read_text())["train"]}
+    lr = tmp_path / "lr.yaml"
+    lr.write_text("train: {learning_rate: 3.0e-5}\n")
+    other = _planned_recipe(tmp_path, "--configfile", TINY, lr)  # e.g. during the real run
+    assert other != recipe and not (tmp_path / other).exists()
+    assert (tmp_path / recipe).read_text() == written
+    resources = tmp_path / "mem.yaml"  # resources are not the job's config: same recipe, no rerun
+    resources.write_text("workflow: {train_mem_mb: 9999}\n")
+    assert _planned_recipe(tmp_path, "--configfile", TINY, resources) == recipe
+
+
+def test_configfile_is_the_study_not_an_overlay_of_the_paper(tmp_path):
+    """Point 6: a 2-method, 1-model study plans 2 training jobs (it planned the paper's 4 methods x 3 models)."""
+    study = yaml.safe_load(TINY.read_text())
+    study["methods"] = {k: study["methods"][k] for k in ("justrl", "stapo")}
+    own = tmp_path / "two.yaml"
+    own.write_text(yaml.safe_dump(study))
+    res = snakemake("-n", "--quiet", "rules", "--configfile", own, "--", "results/table.md", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert job_counts(res.stdout) == {"train": 2, "evaluate": (2 + 1) * 2, "report": 1}
+    # a second --configfile overlays the first (maps merged key by key): one more method
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("methods: {grpo: {objective: grpo}}\n")
+    res = snakemake("-n", "--quiet", "rules", "--configfile", own, extra, "--", "results/table.md", cwd=tmp_path)
+    assert job_counts(res.stdout)["train"] == 3
 
 
 STUB = """#!/bin/sh

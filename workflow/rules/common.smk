@@ -1,6 +1,7 @@
-# Config validation and the helpers the rules use (functions only: rules live in the other .smk files).
+# Config checks and the helpers the rules use (functions only: rules live in the other .smk files).
 import hashlib
 import re
+import sys
 from pathlib import Path
 import json
 
@@ -10,35 +11,77 @@ from snakemake.utils import validate
 from stapo.atomic import atomic_write
 from stapo.report import FIGURE_KINDS
 from stapo.schedule import optimizer_steps_per_rollout
+from stapo.study import StudyError, check_plans, check_schema
 
-validate(config, workflow.source_path("../schemas/config.schema.yaml"), set_default=True)
+# The config files that make the study: with --configfile, the first is the study and later ones overlay it
+# (Snakefile); without, configs/paper.yaml. Named in every config error.
+SOURCE = "config (" + (", ".join(map(str, workflow.overwrite_configfiles)) or "configs/paper.yaml") + ")"
+
+
+def config_error(err):
+    """One line on stderr and exit status 1: the bad key, not a schema dump or a traceback."""
+    sys.exit(f"stapo config error: {err}")
+
+
+try:
+    check_schema(config, source=SOURCE)
+except StudyError as err:
+    config_error(err)
+validate(config, workflow.source_path("../schemas/config.schema.yaml"), set_default=True)  # fills defaults
 
 WF = config.setdefault("workflow", {})
 MODELS = WF.get("models") or list(config["models"])
 for _key in MODELS:
     if _key not in config["models"]:
-        raise ValueError(f"workflow.models: {_key!r} is not a key of models ({', '.join(config['models'])})")
+        config_error(f"{SOURCE}: workflow.models: {_key!r} is not a key of models ({', '.join(config['models'])})")
 METHODS = list(config["methods"])
+try:  # what `stapo train` checks for each job (train section, method parameters, model specs), before any job
+    check_plans(config, MODELS, METHODS, source=SOURCE)
+except StudyError as err:
+    config_error(err)
 SETTINGS = list(config["eval"]["settings"])
 BASE = "base"  # method and checkpoint key of the untrained model
 REAL_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
-# The resolved config (config files + --config overrides): the --recipe of every `stapo` call.
-STUDY_FILE = "results/study.yaml"
+
+# Each job's --recipe is a content-addressed file holding exactly the config sections the job reads, written by a
+# job (study.smk), never on parse. A later dry run or run with another config plans other files and cannot change
+# the config of a job already planned, and a job reruns exactly when its sections change (its input's name does).
+RECIPES = {}  # results/recipes/<digest>.yaml -> its text
+STUDY_FILE = "results/study.yaml"  # the whole resolved config, read by the report (written by study.smk)
 
 
-def write_study_file(path=STUDY_FILE):
-    """Write the resolved config once per content change, so reruns do not touch its mtime."""
-    text = yaml.safe_dump(json.loads(json.dumps(config)), sort_keys=False)
-    try:
-        if open(path, encoding="utf-8").read() == text:
-            return path
-    except FileNotFoundError:
-        pass
-    atomic_write(path, text)
+def recipe_file(sections):
+    text = yaml.safe_dump(json.loads(json.dumps(sections)), sort_keys=False)
+    path = f"results/recipes/{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
+    RECIPES[path] = text
     return path
 
 
-write_study_file()
+def train_recipe_of(model, method):
+    """models.<model> (spec and per-model train overrides: not resources), methods.<method>, train."""
+    entry = config["models"][model]
+    return recipe_file({"models": {model: {k: entry[k] for k in ("spec", "train") if k in entry}},
+                        "methods": {method: config["methods"][method]}, "train": config["train"]})
+
+
+def eval_recipe_of(benchmark, setting):
+    """The eval section's options with this benchmark's and this setting's entries only."""
+    ev = config["eval"]
+    section = {k: v for k, v in ev.items() if k not in ("benchmarks", "settings")}
+    section["benchmarks"] = {benchmark: ev["benchmarks"].get(benchmark, {})}
+    section["settings"] = {setting: ev["settings"][setting]}
+    return recipe_file({"eval": section})
+
+
+def train_recipe(wildcards):
+    return train_recipe_of(wildcards.model, wildcards.method)
+
+
+def eval_recipe(wildcards):
+    return eval_recipe_of(wildcards.benchmark, wildcards.setting)
+
+
+STUDY_RECIPE = recipe_file(config)
 
 
 def benchmarks():
@@ -146,6 +189,9 @@ def eval_options(wildcards):
     return " ".join(f"{k} {v}" for k, v in opts.items() if v is not None)
 
 
-def config_digest(*parts):
-    """Short hash of config sections, as a param: editing them reruns exactly the jobs they affect."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+for _model in MODELS:
+    for _method in METHODS:
+        train_recipe_of(_model, _method)
+for _bench in config["eval"]["benchmarks"]:
+    for _setting in SETTINGS:
+        eval_recipe_of(_bench, _setting)

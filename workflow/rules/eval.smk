@@ -6,6 +6,7 @@
 rule evaluate:
     input:
         eval_model_input,
+        recipe=ancient(eval_recipe),  # content-addressed: its name changes iff the job's config does
     output:
         samples="scores/{model}/{method}/{ckpt}/{benchmark}/{setting}.jsonl",
         summary="scores/{model}/{method}/{ckpt}/{benchmark}/{setting}.summary.json",
@@ -13,13 +14,7 @@ rule evaluate:
         "logs/eval/{model}/{method}/{ckpt}/{benchmark}/{setting}.log",
     params:
         model=eval_model_arg,
-        recipe=STUDY_FILE,
         options=eval_options,
-        digest=lambda wildcards: config_digest(
-            {k: v for k, v in config["eval"].items() if k not in ("benchmarks", "settings")},
-            config["eval"]["benchmarks"][wildcards.benchmark],
-            config["eval"]["settings"][wildcards.setting],
-        ),
     wildcard_constraints:
         model="|".join(map(re.escape, MODELS)),
         method="|".join(map(re.escape, METHODS + [BASE])),
@@ -35,4 +30,4 @@ rule evaluate:
         "../envs/stapo.yaml"
     shell:
         "stapo eval --model {params.model} --benchmark {wildcards.benchmark} --setting {wildcards.setting}"
-        " --out {output.samples} --recipe {params.recipe} {params.options} > {log} 2>&1"
+        " --out {output.samples} --recipe {input.recipe} {params.options} > {log} 2>&1"

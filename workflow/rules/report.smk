@@ -6,6 +6,7 @@ rule report:
     input:
         summaries=all_summaries(),
         runs=all_final_dirs(),
+        study=STUDY_FILE,
     output:
         table=report("results/table.md", category="Table", caption="../report/table.rst"),
         tex="results/table.tex",
@@ -19,7 +20,6 @@ rule report:
         scores=lambda wildcards, input: "scores",
         runs=lambda wildcards, input: "runs",
         out=lambda wildcards, output: str(Path(output.table).parent),
-        recipe=STUDY_FILE,
     threads: 1
     resources:
         gpu=0,
@@ -29,4 +29,4 @@ rule report:
         "../envs/stapo.yaml"
     shell:
         "stapo report --scores {params.scores} --runs {params.runs} --out {params.out}"
-        " --config {params.recipe} > {log} 2>&1"
+        " --config {input.study} > {log} 2>&1"

@@ -5,17 +5,15 @@
 
 
 rule train:
+    input:
+        recipe=ancient(train_recipe),  # content-addressed: its name changes iff the job's config does
     output:
         final=directory("runs/{model}/{method}/final"),
     log:
         "logs/train/{model}/{method}.log",
     params:
         launcher=train_launcher,
-        recipe=STUDY_FILE,
         run_dir=lambda wildcards, output: str(Path(output.final).parent),
-        digest=lambda wildcards: config_digest(
-            config["train"], config["methods"][wildcards.method], config["models"][wildcards.model]["spec"]
-        ),
     wildcard_constraints:
         model="|".join(map(re.escape, MODELS)),
         method="|".join(map(re.escape, METHODS)),
@@ -27,5 +25,5 @@ rule train:
     conda:
         "../envs/stapo.yaml"
     shell:
-        "{params.launcher} train --recipe {params.recipe} --model {wildcards.model}"
+        "{params.launcher} train --recipe {input.recipe} --model {wildcards.model}"
         " --method {wildcards.method} --out {params.run_dir} > {log} 2>&1"

@@ -1,0 +1,15 @@
+"""The one exception type the ``stapo`` console script reports as a single line (no traceback).
+
+A :class:`UserError` is a mistake the user can fix (a bad key or value, YAML syntax, a missing file, a run directory
+started with another config); its message names the culprit (key, file, line). Everything else is a bug or an
+environment failure and keeps its traceback. ``stapo --debug ...`` or ``STAPO_DEBUG=1`` shows the traceback of a
+UserError too.
+"""
+
+from __future__ import annotations
+
+__all__ = ["UserError"]
+
+
+class UserError(Exception):
+    """A fixable mistake in the user's input; ``str(err)`` is the whole message (one line, names the culprit)."""

@@ -1,0 +1,287 @@
+"""stapo.rundir on fabricated run directories (no model is loaded): the checkpoint manifest, falling back past
+damaged checkpoints, torn log lines, final/ verification, finishing a run killed after its last checkpoint, and the
+run's recorded config (a rerun with another one refuses). One slow end-to-end test kills a real run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import zlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(1)
+
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+import stapo.trainer as T  # noqa: E402
+from stapo import cli, rundir  # noqa: E402
+from stapo.rewards import REWARDS  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fake_checkpoint(out: Path, step: int, *, manifest: bool = True, legacy_sentinel: bool = False) -> Path:
+    """A checkpoint-<step>/ with the files an HF Trainer writes (real safetensors / torch.save formats)."""
+    ckpt = out / f"checkpoint-{step}"
+    ckpt.mkdir(parents=True)
+    save_file({"w": torch.full((64, 64), float(step))}, str(ckpt / "model.safetensors"))
+    torch.save({"state": torch.arange(4096.0) * step}, ckpt / "optimizer.pt")
+    torch.save({"last_epoch": step}, ckpt / "scheduler.pt")
+    torch.save({"python": step}, ckpt / "rng_state.pth")
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    (ckpt / "tokenizer.json").write_text(json.dumps({"model": {}}))
+    if legacy_sentinel:
+        (ckpt / rundir.COMPLETE).write_text(f"{step}\n")  # the sentinel before manifests existed
+    elif manifest:
+        rundir._write_manifest(ckpt, rundir.COMPLETE, step)
+    return ckpt
+
+
+def truncate(path: Path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def write_metrics(out: Path, steps, tail: str = "") -> None:
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 0.1 * s}) + "\n" for s in steps) + tail)
+
+
+def metric_steps(out: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def tiny_plan(**train):
+    recipe = T.load_recipe(ROOT / "configs" / "tiny.yaml")
+    recipe["train"].update(dataset={"name": "synthetic-arith", "n": 16, "difficulty": 1, "seed": 0}, max_steps=4,
+                           save_steps=2, prompts_per_generation=2, num_generations=4, prompts_per_step=2,
+                           per_device_train_batch_size=4, max_completion_length=8)
+    recipe["train"].update(train)
+    return T.resolve_plan(recipe, "tiny-qwen3", "stapo")
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """T.train must not load a model or take a step in these tests."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("build_trainer called: the run would train")
+
+    monkeypatch.setattr(T, "build_trainer", refuse)
+
+
+def started(out: Path, plan) -> None:
+    """Record ``plan`` as the run's starting config, as the first `stapo train` does."""
+    rundir.claim(out, T._resolved_config(plan, T.grpo_config(plan, out)))
+
+
+# ----------------------------------------------------------------------------------- checkpoints (point 4)
+
+
+@pytest.mark.parametrize("victim", ["model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"])
+def test_truncated_file_in_latest_checkpoint_falls_back_to_the_intact_one(tmp_path, caplog, victim):
+    good = fake_checkpoint(tmp_path, 2)
+    bad = fake_checkpoint(tmp_path, 4)
+    truncate(bad / victim)
+    write_metrics(tmp_path, [1, 2, 3, 4])
+    assert rundir.problems(good) == []
+    assert any(victim in p for p in rundir.problems(bad))
+    with caplog.at_level(logging.WARNING, logger="stapo.rundir"):
+        assert rundir.prepare_resume(tmp_path) == good
+    assert not bad.exists() and metric_steps(tmp_path) == [1, 2]
+    assert victim in caplog.text and "checkpoint-4" in caplog.text  # what was discarded, and why
+
+
+def test_truncation_is_found_without_a_manifest(tmp_path):
+    """Checkpoints of an older stapo (sentinel = the step number): the file formats themselves show a cut."""
+    good = fake_checkpoint(tmp_path, 2, legacy_sentinel=True)
+    bad = fake_checkpoint(tmp_path, 4, legacy_sentinel=True)
+    truncate(bad / "model.safetensors", 0.9)
+    assert rundir.problems(good) == []
+    assert rundir.latest_complete_checkpoint(tmp_path) == good
+    truncate(good / "optimizer.pt", 0.9)  # a torch.save zip without its central directory
+    assert rundir.latest_complete_checkpoint(tmp_path) is None
+
+
+def test_checkpoint_without_manifest_or_weights_is_never_picked(tmp_path):
+    good = fake_checkpoint(tmp_path, 2)
+    fake_checkpoint(tmp_path, 4, manifest=False)  # killed before the manifest
+    no_weights = fake_checkpoint(tmp_path, 6)
+    (no_weights / "model.safetensors").unlink()
+    assert rundir.latest_complete_checkpoint(tmp_path) == good
+
+
+def test_sentinel_callback_writes_a_size_manifest(tmp_path):
+    ckpt = fake_checkpoint(tmp_path, 3, manifest=False)
+    rundir.CheckpointSentinel().on_save(SimpleNamespace(output_dir=str(tmp_path)),
+                                        SimpleNamespace(global_step=3, is_world_process_zero=True), None)
+    manifest = json.loads((ckpt / rundir.COMPLETE).read_text())
+    assert manifest["step"] == 3
+    assert manifest["files"]["optimizer.pt"] == (ckpt / "optimizer.pt").stat().st_size > 0
+    assert set(manifest["files"]) == {p.name for p in ckpt.iterdir()} - {rundir.COMPLETE}
+    with (ckpt / "optimizer.pt").open("ab") as f:  # same format, wrong size: not what was written
+        f.write(b"\0")
+    assert rundir.problems(ckpt) == [f"optimizer.pt has {manifest['files']['optimizer.pt'] + 1} bytes, "
+                                     f"{manifest['files']['optimizer.pt']} were written"]
+
+
+# ------------------------------------------------------------------------------------------ logs (point 4)
+
+
+def test_torn_last_metrics_line_is_trimmed_and_logged(tmp_path, caplog):
+    ckpt = fake_checkpoint(tmp_path, 2)
+    write_metrics(tmp_path, [1, 2], tail='{"step": 3, "lo')  # killed while appending step 3
+    (tmp_path / "diagnostics.jsonl").write_text('{"step": 2}\n{"st')
+    with caplog.at_level(logging.WARNING, logger="stapo.rundir"):
+        assert rundir.prepare_resume(tmp_path) == ckpt
+    assert metric_steps(tmp_path) == [1, 2]
+    assert (tmp_path / "diagnostics.jsonl").read_text() == '{"step": 2}\n'
+    assert "metrics.jsonl:3: discarding a torn last line" in caplog.text
+
+
+def test_bad_line_inside_a_log_names_file_and_line(tmp_path):
+    fake_checkpoint(tmp_path, 2)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nGARBAGE\n{"step": 2}\n')
+    with pytest.raises(rundir.RunDirError, match=r"metrics\.jsonl:2: not a JSON line"):
+        rundir.prepare_resume(tmp_path)
+
+
+# ------------------------------------------------------------------------------------ final/ (points 3, 4)
+
+
+def test_kill_after_last_checkpoint_only_writes_final(tmp_path, no_training):
+    """checkpoint-4 at max_steps 4 is intact, final/ is missing: the rerun publishes it without a step."""
+    plan = tiny_plan(max_steps=4)
+    started(tmp_path, plan)
+    fake_checkpoint(tmp_path, 2)
+    ckpt = fake_checkpoint(tmp_path, 4)
+    write_metrics(tmp_path, [1, 2, 3, 4])
+    final = T.train(plan, tmp_path)  # build_trainer would raise: no model is loaded
+    assert final == tmp_path / "final" and rundir.verify_final(tmp_path, 4)
+    assert torch.equal(load_file(str(final / "model.safetensors"))["w"], torch.full((64, 64), 4.0))
+    assert not (final / "optimizer.pt").exists() and not (final / "rng_state.pth").exists()
+    assert (final / "config.json").exists() and (final / "tokenizer.json").exists()
+    assert metric_steps(tmp_path) == [1, 2, 3, 4] and ckpt.exists()
+    assert json.loads((final / rundir.FINAL_COMPLETE).read_text())["step"] == 4
+
+
+def test_truncated_final_is_not_a_finished_run(tmp_path, no_training):
+    plan = tiny_plan(max_steps=4)
+    started(tmp_path, plan)
+    fake_checkpoint(tmp_path, 4)
+    T.train(plan, tmp_path)
+    assert rundir.verify_final(tmp_path, 4)
+    truncate(tmp_path / "final" / "model.safetensors")
+    assert not rundir.verify_final(tmp_path, 4) and not (tmp_path / "final").exists()
+    truncate(tmp_path / "checkpoint-4" / "model.safetensors")  # nothing intact left: the rerun must train
+    with pytest.raises(AssertionError, match="build_trainer called"):
+        T.train(plan, tmp_path)
+
+
+def test_final_of_an_older_stapo_passes_on_its_file_formats(tmp_path):
+    final = tmp_path / "final"
+    final.mkdir()
+    save_file({"w": torch.zeros(8)}, str(final / "model.safetensors"))
+    assert rundir.verify_final(tmp_path, 4)
+    truncate(final / "model.safetensors", 0.95)
+    assert not rundir.verify_final(tmp_path, 4)
+
+
+# ------------------------------------------------------------------------------------ run config (point 2)
+
+
+def test_rerun_with_another_config_refuses(tmp_path, no_training):
+    plan = tiny_plan(learning_rate=1e-5)
+    started(tmp_path, plan)
+    fake_checkpoint(tmp_path, 2)
+    other = tiny_plan(learning_rate=3e-5)
+    with pytest.raises(rundir.RunConfigMismatch, match=r"train\.learning_rate: 1e-05 \(run\) -> 3e-05 \(now\)"):
+        T.train(other, tmp_path)
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["train"]["learning_rate"] == 1e-5
+    assert (tmp_path / "checkpoint-2").exists()
+
+
+def test_restart_moves_the_old_run_aside(tmp_path, no_training):
+    started(tmp_path, tiny_plan(learning_rate=1e-5))
+    fake_checkpoint(tmp_path, 2)
+    write_metrics(tmp_path, [1, 2])
+    with pytest.raises(AssertionError, match="build_trainer called"):  # it starts afresh: a model would load
+        T.train(tiny_plan(learning_rate=3e-5), tmp_path, restart=True)
+    (old,) = tmp_path.glob("superseded-*")
+    assert (old / "checkpoint-2").is_dir() and (old / "metrics.jsonl").exists()
+    assert not list(tmp_path.glob("checkpoint-*")) and not (tmp_path / "metrics.jsonl").exists()
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["train"]["learning_rate"] == 3e-5
+
+
+def test_which_changes_mix_two_configs():
+    a = {"model": {"spec": "m"}, "train": {"learning_rate": 1e-6, "max_steps": 8, "save_steps": 4,
+                                           "lr_scheduler_type": "constant_with_warmup"}}
+    same_weights = {**a, "train": {**a["train"], "save_steps": 2, "diagnostics_every": 5}}
+    assert rundir.config_changes(a, same_weights, last_step=4) == []
+    longer = {**a, "train": {**a["train"], "max_steps": 12}}  # constant LR: extending the run is the same run
+    assert rundir.config_changes(a, longer, last_step=8) == []
+    shorter = {**a, "train": {**a["train"], "max_steps": 4}}  # a checkpoint lies past the new end
+    assert rundir.config_changes(a, shorter, last_step=8) == ["train.max_steps: 8 (run) -> 4 (now)"]
+    cosine = {**a, "train": {**a["train"], "max_steps": 12, "lr_scheduler_type": "cosine"}}
+    assert len(rundir.config_changes(a, cosine, last_step=8)) == 2
+    assert rundir.config_changes(a, {**a, "model": {"spec": "n"}}) == ["model.spec: 'm' (run) -> 'n' (now)"]
+
+
+def test_cli_reports_a_mismatch_in_one_line(tmp_path, capsys, monkeypatch, no_training):
+    recipe = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    recipe["train"].update(max_steps=4, learning_rate=2e-5)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "run"
+    started(out, T.resolve_plan(recipe | {"train": {**recipe["train"], "learning_rate": 1e-5}}, "tiny-qwen3",
+                                "stapo"))
+    fake_checkpoint(out, 2)
+    rc = cli.main(["train", "--recipe", str(path), "--model", "tiny-qwen3", "--method", "stapo", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("stapo train: error: ") and "train.learning_rate" in err and "--restart" in err
+    with pytest.raises(rundir.RunConfigMismatch):  # --debug: the traceback is available
+        cli.main(["--debug", "train", "--recipe", str(path), "--model", "tiny-qwen3", "--method", "stapo",
+                  "--out", str(out)])
+    monkeypatch.setenv("STAPO_RESTART", "1")  # how a Snakemake run passes --restart to its jobs
+    with pytest.raises(AssertionError, match="build_trainer called"):
+        cli.main(["train", "--recipe", str(path), "--model", "tiny-qwen3", "--method", "stapo", "--out", str(out)])
+    assert len(list(out.glob("superseded-*/checkpoint-2"))) == 1
+
+
+# ------------------------------------------------------------------------------------------ end to end (slow)
+
+
+def coin_reward(prompts=None, completions=None, **kwargs):
+    return [1.0 if zlib.crc32(c.encode()) % 2 else -1.0 for c in completions]
+
+
+@pytest.mark.slow
+def test_kill_between_last_checkpoint_and_final_e2e(tmp_path, monkeypatch):
+    """A real run on bundled:tiny-qwen3 killed after saving checkpoint-2 (= max_steps), before final/: the rerun
+    takes no third step and its final/ holds exactly the weights of an uninterrupted run."""
+    monkeypatch.setitem(REWARDS, "coin", coin_reward)
+    plan = tiny_plan(max_steps=2, save_steps=1, reward="coin", learning_rate=1e-3, warmup_steps=0, diagnostics_every=0)
+    straight = T.train(plan, tmp_path / "straight")
+    out = tmp_path / "killed"
+
+    def killed_save_final(trainer, out):
+        raise KeyboardInterrupt  # stands in for SIGKILL between the last checkpoint and final/
+
+    monkeypatch.setattr(rundir, "save_final", killed_save_final)
+    with pytest.raises(KeyboardInterrupt):
+        T.train(plan, out)
+    monkeypatch.undo()
+    monkeypatch.setitem(REWARDS, "coin", coin_reward)
+    assert not (out / "final").exists() and metric_steps(out) == [1, 2]
+    final = T.train(plan, out)
+    assert metric_steps(out) == [1, 2]
+    a, b = load_file(str(straight / "model.safetensors")), load_file(str(final / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
