@@ -55,6 +55,7 @@ from stapo.diagnostics import TokenDiagnostics
 from stapo.models import resolve_model
 from stapo.objectives import ObjectiveConfig, get_objective, policy_loss
 from stapo.rewards import REWARDS
+from stapo.vllm_settings import trl_vllm_kwargs
 
 __all__ = ["TrainSettings", "Plan", "load_recipe", "resolve_plan", "StapoGRPOTrainer", "build_trainer", "train",
            "latest_complete_checkpoint", "add_arguments", "run"]
@@ -91,7 +92,10 @@ class TrainSettings:
         temperature, top_p: rollout sampling (1.0, 1.0).
         scale_rewards: TRL advantage scaling ("group": (r − mean) / std within the group, as GRPO/DAPO).
         bf16, gradient_checkpointing: GPU memory settings (both false on CPU).
-        use_vllm, vllm_mode, vllm_gpu_memory_utilization: vLLM rollouts (colocated on GPU; off on CPU).
+        use_vllm, vllm_mode, vllm_gpu_memory_utilization: vLLM rollouts (colocated on GPU; off on CPU);
+            vllm_gpu_memory_utilization None = the device's default (stapo.vllm_settings: 0.5 GPU, 0.1 CPU).
+        vllm: further TRL ``vllm_*`` options, keys without the prefix (e.g. ``{enable_sleep_mode: true}``),
+            over the device defaults of stapo.vllm_settings.
         seed: seeds model init-free RNG, sampling and the data order.
         logging_steps: always 1 (metrics.jsonl has one line per optimiser step); kept for completeness.
         diagnostics_every: every N optimiser steps, log the paper's token analysis (stapo.diagnostics: gradient
@@ -123,7 +127,8 @@ class TrainSettings:
     gradient_checkpointing: bool = True
     use_vllm: bool = True
     vllm_mode: str = "colocate"
-    vllm_gpu_memory_utilization: float = 0.5
+    vllm_gpu_memory_utilization: float | None = None
+    vllm: dict = field(default_factory=dict)
     seed: int = 0
     logging_steps: int = 1
     diagnostics_every: int = 0
@@ -479,7 +484,7 @@ def grpo_config(plan: Plan, out: Path, num_processes: int = 1, **overrides) -> G
         temperature=s.temperature, top_p=s.top_p, scale_rewards=s.scale_rewards,
         loss_type="grpo" if obj.method == "grpo" else "dapo", beta=obj.kl_beta,
         epsilon=obj.eps_low, epsilon_high=obj.eps_high, mask_truncated_completions=False,
-        use_vllm=s.use_vllm, vllm_mode=s.vllm_mode, vllm_gpu_memory_utilization=s.vllm_gpu_memory_utilization,
+        **trl_vllm_kwargs(s),  # device-aware engine settings + recipe overrides; fails fast without vLLM
         vllm_importance_sampling_correction=False,  # policy_loss has no TIS term (the paper's verl runs had none)
         bf16=s.bf16, **{_CHECKPOINTING_FIELD: s.gradient_checkpointing},
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
