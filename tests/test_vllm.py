@@ -32,14 +32,18 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DAT
 
 
 def vllm_recipe(tmp_path: Path, **train) -> Path:
-    """configs/tiny.yaml with the head_dim-32 model, vLLM rollouts (colocate) and vLLM evaluation."""
+    """configs/tiny.yaml with the head_dim-32 model, vLLM rollouts (colocate) and vLLM evaluation.
+
+    One rollout batch per optimiser step, so the 2-step run syncs the engine's weights before its second rollout.
+    """
     recipe = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     recipe["models"] = {"tiny-vllm": {"spec": MODEL, "gpus": 0}}
     recipe["train"].update(
         dataset={"name": "synthetic-arith", "n": 16, "difficulty": 1, "seed": 0}, max_steps=2, save_steps=1,
         save_total_limit=None, learning_rate=1e-3, warmup_steps=0, prompts_per_generation=2, num_generations=4,
         prompts_per_step=2, per_device_train_batch_size=4, max_completion_length=16, diagnostics_every=0,
-        use_vllm=True, vllm_mode="colocate", **train)
+        use_vllm=True, vllm_mode="colocate")
+    recipe["train"].update(train)
     recipe["eval"].update(backend="vllm", max_new_tokens=16,
                           benchmarks={"arith": {"samples": 2, "n": 4, "limit": 4}})
     path = tmp_path / "recipe.yaml"

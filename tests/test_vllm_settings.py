@@ -187,3 +187,40 @@ def test_dist_shim_gives_vllm_a_cpu_version(tmp_path, monkeypatch):
     importlib.invalidate_caches()
     assert importlib.metadata.version("vllm") == "0.32.0+cpu"  # what lm-eval and vLLM's platform check read
     assert V.write_dist_shim(src) == dist  # idempotent
+
+
+def test_cpu_weight_sync_goes_through_vllm_reload():
+    """The CPU patch of TRL's colocate sync: vLLM's in-place reload (checkpoint format), then a prefix-cache reset."""
+    import torch
+
+    calls = []
+
+    class Runner:
+        def reload_weights(self, weights_iterator, is_checkpoint_format):
+            calls.append(("reload", [(n, bool(t.requires_grad)) for n, t in weights_iterator], is_checkpoint_format))
+
+    class LLM:
+        llm_engine = type("E", (), {"model_executor": type("X", (), {"driver_worker": type("W", (), {
+            "model_runner": Runner()})})})
+
+        def reset_prefix_cache(self):
+            calls.append(("reset",))
+
+    class Generation:
+        def __init__(self, mode):
+            self.mode, self.llm = mode, LLM()
+
+        def _iter_named_params(self):
+            yield "model.embed_tokens.weight", torch.nn.Parameter(torch.ones(2))
+
+        def sync_weights(self):
+            calls.append(("trl",))
+
+    assert V.patch_trl_cpu_weight_sync(Generation) is Generation
+    patched = Generation.sync_weights
+    assert V.patch_trl_cpu_weight_sync(Generation).sync_weights is patched  # idempotent: no double wrapping
+    Generation("colocate").sync_weights()
+    assert calls == [("reload", [("model.embed_tokens.weight", False)], True), ("reset",)]
+    calls.clear()
+    Generation("server").sync_weights()
+    assert calls == [("trl",)]
