@@ -1,7 +1,7 @@
 """GPU check: the study's scale path on one GPU, no model hub, in under 10 minutes; prints what a study costs.
 
-    python benchmarks/gpu_check.py [--out gpu_check] [--methods justrl,stapo] [--steps 2] [--prompts 8]
-                                   [--completion-length 4096] [--eval-problems 16] [--eval-samples 4]
+    python benchmarks/gpu_check.py [--out gpu_check] [--methods justrl,stapo] [--steps 2] [--prompts 4]
+                                   [--completion-length 4096] [--eval-problems 8] [--eval-samples 4]
     python benchmarks/gpu_check.py --dry-run     # CPU: parse, build the model config / recipe / plans, print them
 
 What it runs (in the GPU environment of environment.yml):
@@ -18,7 +18,10 @@ What it runs (in the GPU environment of environment.yml):
 It prints step time per method and stapo / justrl, peak GPU memory, rollout / update / eval tokens per second,
 and writes OUT/throughputs.yaml, the input of ``stapo plan --throughputs OUT/throughputs.yaml`` (the study's job
 counts and GPU-hours per stage), which it also runs when snakemake is installed.
-Budget on one H200 (estimated, not yet measured): ~1 min model build, ~2.5 min per method, ~1.5 min eval.
+Budget on one H200 (estimated, not yet measured): ~0.5 min model build; per method ~1 min to load the model and
+start vLLM, then per step ~40 s of rollouts (4,096 decode steps) and ~15 s of update (32 completions of ~4.1k
+tokens); ~1.5 min eval: ~7.5 min in all with the defaults. Rollout time depends on length, not batch, so
+``--prompts 8`` measures throughput at a larger batch for little more time.
 """
 
 from __future__ import annotations
@@ -63,10 +66,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default="gpu_check", help="work directory (model, recipe, results)")
     p.add_argument("--methods", default="justrl,stapo", help="comma-separated subset of " + ",".join(METHODS))
     p.add_argument("--steps", type=int, default=2, help="optimiser steps per method (the first is a warm-up)")
-    p.add_argument("--prompts", type=int, default=8, help="prompts per optimiser step (x 8 rollouts)")
+    p.add_argument("--prompts", type=int, default=4, help="prompts per optimiser step (x 8 rollouts)")
     p.add_argument("--completion-length", type=int, default=4096, help="rollout and eval token cap")
     p.add_argument("--micro-batch", type=int, default=1, help="completions per micro-batch (paper: 1)")
-    p.add_argument("--eval-problems", type=int, default=16)
+    p.add_argument("--eval-problems", type=int, default=8)
     p.add_argument("--eval-samples", type=int, default=4)
     p.add_argument("--dry-run", action="store_true", help="no GPU: build and print configs and commands only")
     p.add_argument("--worker", choices=["train", "eval"], help=argparse.SUPPRESS)

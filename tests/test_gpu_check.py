@@ -27,7 +27,7 @@ def gc():
 def test_argument_parsing(gc):
     args = gc.parse_args([])
     assert (args.methods, args.steps, args.prompts, args.completion_length, args.micro_batch) == (
-        ["justrl", "stapo"], 2, 8, 4096, 1)
+        ["justrl", "stapo"], 2, 4, 4096, 1)
     assert gc.parse_args(["--methods", "grpo, stapo", "--steps", "3"]).methods == ["grpo", "stapo"]
     with pytest.raises(SystemExit):
         gc.parse_args(["--methods", "ppo"])
@@ -38,8 +38,8 @@ def test_argument_parsing(gc):
 
 
 def test_dry_run_builds_the_configs(gc, tmp_path, capsys):
-    args = gc.parse_args(["--dry-run", "--out", str(tmp_path), "--methods", "justrl,stapo,grpo",
-                          "--completion-length", "2048"])
+    args = gc.parse_args(["--dry-run", "--out", str(tmp_path), "--methods", "justrl,stapo,grpo", "--prompts", "8",
+                          "--completion-length", "2048", "--eval-problems", "16"])
     info = gc.dry_run(args, tmp_path)
     model = info["model"]
     # Qwen3-1.7B-Base: 28 x (attention 12,582,912 + q/k norms 256 + MLP 37,748,736 + 2 norms 4,096)
