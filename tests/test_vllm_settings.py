@@ -248,3 +248,21 @@ def test_cpu_patch_of_trl_colocate():
     assert calls == [("trl",)]
     assert module.LLM(model="m").kwargs == {"model": "m", "dtype": "bfloat16", "enforce_eager": True}
     assert module.LLM(model="m", dtype="float16").kwargs["dtype"] == "float16"  # what TRL passes wins
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_stages_stop_before_loading_without_vllm(monkeypatch):
+    """Without vLLM, `stapo train` (use_vllm) and `stapo eval --backend vllm` stop at config time, naming the fix."""
+    import stapo.trainer as T
+    from stapo.evaluate import EvalConfig, build_lm
+
+    monkeypatch.setattr(V, "device_kind", lambda: "cpu")
+    recipe = T.load_recipe(ROOT / "configs" / "tiny.yaml")
+    recipe["train"]["use_vllm"] = True
+    plan = T.resolve_plan(recipe, "tiny-qwen3", "stapo")
+    with pytest.raises(V.VllmUnavailable, match=r"train\.use_vllm: true needs the vllm package.*make test-vllm"):
+        T.grpo_config(plan, Path("unused"))
+    cfg = EvalConfig(benchmark="arith", setting="t1.0_p1.0", temperature=1.0, top_p=1.0, max_new_tokens=8, n=1,
+                     backend="vllm", limit=None, data_dir=None, seed=0)
+    with pytest.raises(V.VllmUnavailable, match=r"eval backend 'vllm' \(--backend hf.*\) needs the vllm package"):
+        build_lm(cfg, "/nonexistent")
