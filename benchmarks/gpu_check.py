@@ -296,7 +296,11 @@ def _steady(values: list) -> list:
 
 
 def summarize(train: dict[str, dict], ev: dict, gpu: str) -> tuple[dict, dict]:
-    """(per-method figures, throughputs for stapo plan) from the workers' results."""
+    """(per-method figures, throughputs for stapo plan) from the workers' results.
+
+    One rollout batch per optimiser step, so TRL runs no old-log-prob forward: the update rate is forward +
+    backward only, which is what stapo.plan's ``train_tokens_per_s`` means (it adds the extra forwards itself).
+    """
     methods = {}
     for method, r in train.items():
         step = statistics.median(_steady(r["step_seconds"]))

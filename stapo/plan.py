@@ -11,8 +11,10 @@ Cost model (GPU-seconds; throughputs are per GPU and, unless given per model, me
 
     train, per (model, method) run:  max_steps · [C·R / rollout_tps + C·(P + R) / train_tps · k]
         C = prompts_per_step · num_generations completions per optimiser step, R = mean response tokens,
-        P = mean prompt tokens, k = 4/3 when the method has a KL term (one more forward, of the reference
-        model, per token; a forward is ~1/3 of forward + backward), else 1;
+        P = mean prompt tokens, train_tps = policy forward + backward tokens/s; k = 1 + 1/3 per extra forward
+        pass over the tokens (a forward is ~1/3 of forward + backward): the reference model's when the method
+        has a KL term, and the old policy's (TRL's old_per_token_logps) when one rollout batch feeds several
+        optimiser steps (prompts_per_generation / prompts_per_step · num_iterations > 1; the paper: 4);
     evaluate, per job:  problems · samples · E / eval_tps + engine_start_s · eval GPUs
         E = mean generated tokens per sample, problems = the benchmark's size (or its limit).
 
@@ -44,7 +46,7 @@ MODEL_PARAMS_B = {
     "Qwen/Qwen3-1.7B-Base": 1.7, "Qwen/Qwen3-8B-Base": 8.2, "Qwen/Qwen3-14B-Base": 14.8,  # Qwen3 model cards
     "bundled:smollm2-135m-instruct": 0.135, "bundled:tiny-qwen3": 0.02,
 }
-KL_FORWARD_FACTOR = 4.0 / 3.0  # forward+backward ≈ 3 forwards; a reference forward adds one
+EXTRA_FORWARD = 1.0 / 3.0  # forward+backward ≈ 3 forwards: one more forward pass adds a third
 THROUGHPUT_KEYS = ("rollout_tokens_per_s", "train_tokens_per_s", "eval_tokens_per_s")
 
 
@@ -180,7 +182,8 @@ def train_run_seconds(config: dict, model: str, method: str, tp: Throughputs, pa
         return None
     r = s["max_completion_length"] / 3 if response_tokens is None else response_tokens
     c = s["prompts_per_step"] * s["num_generations"]
-    k = KL_FORWARD_FACTOR if _kl(config, method) else 1.0
+    old_logps = s["prompts_per_generation"] // s["prompts_per_step"] * s.get("num_iterations", 1) > 1
+    k = 1.0 + EXTRA_FORWARD * (int(_kl(config, method)) + int(old_logps))
     return s["max_steps"] * (c * r / rollout + c * (prompt_tokens + r) / update * k)
 
 
@@ -248,7 +251,7 @@ def estimate(jobs: Jobs, config: dict, tp: Throughputs, *, prompt_tokens: float 
     total = None if None in stages.values() else sum(stages.values())
     return {"jobs": jobs.counts(), "models": per_model, "stages": stages, "total_gpu_hours": total,
             "assumptions": {"prompt_tokens": prompt_tokens, "response_tokens": response_tokens or "max/3",
-                            "eval_tokens": eval_tokens or "max/3", "kl_forward_factor": round(KL_FORWARD_FACTOR, 3)},
+                            "eval_tokens": eval_tokens or "max/3", "extra_forward_cost": round(EXTRA_FORWARD, 3)},
             "throughputs": asdict(tp)}
 
 

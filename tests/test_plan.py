@@ -42,14 +42,15 @@ def test_paper_gpu_hours_by_hand(paper):
                        eval_tokens_per_s=20_000, engine_start_s=60)
     plan = P.estimate(jobs, config, tp, prompt_tokens=200)
     m = plan["models"]["qwen3-1.7b-base"]
-    # per optimiser step: 64 x 8 = 512 completions of R = 15360 / 3 = 5120 tokens, prompts of 200
+    # per optimiser step: 64 x 8 = 512 completions of R = 15360 / 3 = 5120 tokens, prompts of 200; the update
+    # has one extra forward (old log-probs: 4 optimiser steps per rollout batch), GRPO a second (its KL reference)
     rollout, update = 512 * 5120 / 10_000, 512 * 5320 / 5_000  # 262.144 s, 544.768 s
-    assert m["train_gpu_hours_per_run"]["justrl"] == pytest.approx(3000 * (rollout + update) / 3600)  # 672.4
-    assert m["train_gpu_hours_per_run"]["grpo"] == pytest.approx(3000 * (rollout + update * 4 / 3) / 3600)
-    assert m["train_gpu_hours_per_run"]["justrl"] == pytest.approx(672.427, abs=1e-3)
+    assert m["train_gpu_hours_per_run"]["justrl"] == pytest.approx(3000 * (rollout + update * 4 / 3) / 3600)
+    assert m["train_gpu_hours_per_run"]["grpo"] == pytest.approx(3000 * (rollout + update * 5 / 3) / 3600)
+    assert m["train_gpu_hours_per_run"]["justrl"] == pytest.approx(823.751, abs=1e-3)
     # 8B: the 1.7B throughputs scaled by 1.7 / 8.2
     m8 = plan["models"]["qwen3-8b-base"]
-    assert m8["train_gpu_hours_per_run"]["stapo"] == pytest.approx(672.427 * 8.2 / 1.7, abs=1e-2)
+    assert m8["train_gpu_hours_per_run"]["stapo"] == pytest.approx(823.751 * 8.2 / 1.7, abs=1e-2)
     # evaluation of one 1.7B final checkpoint: AIME24 30 x 32 samples of 20480 / 3 tokens + 60 s engine start
     aime = (30 * 32 * 20480 / 3 / 20_000 + 60) / 3600
     six = sum(p * s * 20480 / 3 / 20_000 + 60 for p, s in
@@ -67,8 +68,9 @@ def test_measured_per_model_and_missing_throughputs(paper):
     tp = P.Throughputs(models={"qwen3-1.7b-base": {"rollout_tokens_per_s": 512, "train_tokens_per_s": 512,
                                                    "eval_tokens_per_s": 1000}})
     plan = P.estimate(jobs, config, tp, prompt_tokens=0, response_tokens=100, eval_tokens=10)
-    # 3000 steps x 512 completions x 100 tokens, at 512 tok/s for rollout and for the update: 2 x 100 s a step
-    assert plan["models"]["qwen3-1.7b-base"]["train_gpu_hours_per_run"]["justrl"] == pytest.approx(3000 * 200 / 3600)
+    # 3000 steps x 512 completions x 100 tokens at 512 tok/s: rollout 100 s, update 100 s x 4/3 (old log-probs)
+    assert plan["models"]["qwen3-1.7b-base"]["train_gpu_hours_per_run"]["justrl"] == pytest.approx(
+        3000 * (100 + 400 / 3) / 3600)
     assert plan["models"]["qwen3-8b-base"]["train_gpu_hours"] is None  # no figure for 8B, none to scale
     assert plan["total_gpu_hours"] is None and "n/a" in P.format_plan(plan)
 
@@ -115,6 +117,6 @@ def test_cli_prints_table_and_writes_json(tmp_path, capsys, monkeypatch):
     assert "jobs: train 12, evaluate 1968, report 1 (total 1981)" in text
     plan = json.loads(out.read_text())
     assert plan["throughputs"]["train_tokens_per_s"] == 2500  # the flag overrides the file
-    update = 512 * 5320 / 2500
+    update = 512 * 5320 / 2500 * 4 / 3
     assert plan["models"]["qwen3-1.7b-base"]["train_gpu_hours_per_run"]["justrl"] == pytest.approx(
         3000 * (512 * 5120 / 10_000 + update) / 3600)
