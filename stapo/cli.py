@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "train": ("stapo.trainer", "train one (model, method) with the paper's recipe (TRL GRPOTrainer)"),
     "eval": ("stapo.evaluate", "evaluate a model on one benchmark at one sampling setting (lm-eval)"),
     "report": ("stapo.report", "write results/table.md, scores.csv, table.tex and the figures"),
+    "plan": ("stapo.plan", "job counts and estimated GPU-hours of a study before running it"),
 }
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import logging
 import sqlite3
@@ -48,7 +47,7 @@ EVAL_DEFAULTS = {
     "benchmarks": {name: {"samples": b.samples} for name, b in BENCHMARKS.items()},
     "settings": SETTINGS,
     "hf": {"batch_size": 8, "dtype": "float32"},  # CPU
-    "vllm": {"dtype": "bfloat16", "gpu_memory_utilization": 0.9, "tensor_parallel_size": 1},
+    "vllm": {},  # lm-eval vllm model args over the device's defaults (stapo.vllm_settings.eval_engine_args)
 }
 # Keys of one eval.benchmarks.<name> entry: samples = N; limit / max_new_tokens override the section-wide values;
 # n / seed / difficulty configure the synthetic arith benchmark (stapo.data.synthetic_arith_rows).
@@ -238,10 +237,11 @@ def build_lm(cfg: EvalConfig, model_path: str):
         batch_size = args.pop("batch_size", 8)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return get_model("hf").create_from_arg_obj(args, {"batch_size": batch_size, "device": device})
-    if importlib.util.find_spec("vllm") is None:
-        raise RuntimeError("backend 'vllm' needs the vllm package (the GPU stack of environment.yml); "
-                           "without it use --backend hf (or eval.backend: hf in the recipe)")
-    args = {"pretrained": model_path, "max_model_len": max_len, "seed": cfg.seed, **cfg.backend_args}
+    from stapo.vllm_settings import eval_engine_args, require_vllm
+
+    require_vllm(purpose="eval backend 'vllm' (--backend hf, or eval.backend: hf, runs without it)")
+    args = {"pretrained": model_path, "max_model_len": max_len, "seed": cfg.seed,
+            **eval_engine_args(cfg.backend_args)}
     return get_model("vllm").create_from_arg_obj(args, {"batch_size": "auto"})
 
 

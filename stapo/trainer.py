@@ -74,6 +74,7 @@ from stapo.objectives import ObjectiveConfig, Thresholds, get_objective, policy_
 from stapo.rewards import REWARDS
 from stapo.rundir import CheckpointSentinel, latest_complete_checkpoint, process_state
 from stapo.schedule import optimizer_steps_per_rollout, per_rollout_schedule, rollout_step
+from stapo.vllm_settings import trl_vllm_kwargs
 
 __all__ = ["TrainSettings", "Plan", "load_recipe", "resolve_plan", "StapoGRPOTrainer", "build_trainer", "train",
            "latest_complete_checkpoint", "add_arguments", "run"]
@@ -112,7 +113,10 @@ class TrainSettings:
         scale_rewards: TRL advantage scaling ("group": (r − mean) / std within the group, as GRPO/DAPO).
         bf16: bf16 compute with fp32 master weights (module docstring); false on CPU.
         gradient_checkpointing: recompute activations in the backward (GPU memory); false on CPU.
-        use_vllm, vllm_mode, vllm_gpu_memory_utilization: vLLM rollouts (colocated on GPU; off on CPU).
+        use_vllm, vllm_mode, vllm_gpu_memory_utilization: vLLM rollouts (colocated on GPU; off on CPU);
+            vllm_gpu_memory_utilization None = the device's default (stapo.vllm_settings: 0.5 GPU, 0.1 CPU).
+        vllm: further TRL ``vllm_*`` options, keys without the prefix (e.g. ``{enable_sleep_mode: true}``),
+            over the device defaults of stapo.vllm_settings.
         seed: seeds model init-free RNG, sampling and the data order.
         logging_steps: always 1 (metrics.jsonl has one line per optimiser step); kept for completeness.
         diagnostics_every: every N optimiser steps, log the paper's token analysis (stapo.diagnostics: gradient
@@ -144,7 +148,8 @@ class TrainSettings:
     gradient_checkpointing: bool = True
     use_vllm: bool = True
     vllm_mode: str = "colocate"
-    vllm_gpu_memory_utilization: float = 0.5
+    vllm_gpu_memory_utilization: float | None = None
+    vllm: dict = field(default_factory=dict)
     seed: int = 0
     logging_steps: int = 1
     diagnostics_every: int = 0
@@ -533,7 +538,7 @@ def grpo_config(plan: Plan, out: Path, num_processes: int = 1, *, deepspeed: boo
         loss_type="dapo" if obj.loss_agg_mode == "token-mean" else "grpo", beta=obj.kl_beta,
         use_bias_correction_kl=False,  # plain k3, as policy_loss computes it
         epsilon=obj.eps_low, epsilon_high=obj.eps_high, mask_truncated_completions=False,
-        use_vllm=s.use_vllm, vllm_mode=s.vllm_mode, vllm_gpu_memory_utilization=s.vllm_gpu_memory_utilization,
+        **trl_vllm_kwargs(s),  # device-aware engine settings + recipe overrides; fails fast without vLLM
         vllm_importance_sampling_correction=False,  # policy_loss has no TIS term (the paper's verl runs had none)
         bf16=s.bf16, **{_CHECKPOINTING_FIELD: s.gradient_checkpointing},
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,

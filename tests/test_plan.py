@@ -1,0 +1,124 @@
+"""stapo plan: the workflow's own job counts and the GPU-hour arithmetic, checked against hand-computed numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import stapo.plan as P
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER = ROOT / "configs" / "paper.yaml"
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def paper():
+    return P.workflow_jobs([PAPER], ROOT / "Snakefile")
+
+
+def test_paper_job_counts_come_from_the_dag(paper):
+    jobs, config = paper
+    # 3 models x 4 methods; per model: (4 methods + base) x 6 benchmarks x 2 settings = 60 full evaluations,
+    # plus AIME24 at t1.0_p1.0 for checkpoint-20 .. checkpoint-2980 (149 checkpoints) x 4 methods = 596 curve jobs
+    # plus one small job per distinct job recipe (12 train, 6 benchmarks x 2 settings, the report) and study.yaml
+    assert jobs.counts() == {"train": 12, "evaluate": 3 * (60 + 596), "report": 1, "recipe": 25, "study_file": 1}
+    assert ("qwen3-8b-base", "stapo") in jobs.train
+    # eval_every counts training (rollout) steps; checkpoint-N is named by optimiser step: 4 x 2980
+    assert ("qwen3-8b-base", "stapo", "checkpoint-11920", "aime24", "t1.0_p1.0") in jobs.evaluate
+    assert config["train"]["max_steps"] == 3000  # the resolved config
+
+
+def test_overlay_config_changes_the_dag(tmp_path):
+    fast = tmp_path / "fast.yaml"
+    fast.write_text("workflow: {eval_every: null, models: [qwen3-1.7b-base]}\n")
+    jobs, _ = P.workflow_jobs([PAPER, fast], ROOT / "Snakefile")
+    assert jobs.counts() == {"train": 4, "evaluate": 60, "report": 1, "recipe": 4 + 12 + 1, "study_file": 1}
+
+
+def test_paper_gpu_hours_by_hand(paper):
+    jobs, config = paper
+    tp = P.Throughputs(reference_params_b=1.7, rollout_tokens_per_s=10_000, train_tokens_per_s=5_000,
+                       eval_tokens_per_s=20_000, engine_start_s=60)
+    plan = P.estimate(jobs, config, tp, prompt_tokens=200)
+    m = plan["models"]["qwen3-1.7b-base"]
+    # per training step (rollout batch): 256 x 8 = 2048 completions of R = 15360 / 3 = 5120 tokens, prompts of 200;
+    # the update has one extra forward (old log-probs: 4 optimiser steps per rollout batch), GRPO a second (KL ref)
+    rollout, update = 2048 * 5120 / 10_000, 2048 * 5320 / 5_000  # 1048.576 s, 2179.072 s
+    assert m["train_gpu_hours_per_run"]["justrl"] == pytest.approx(3000 * (rollout + update * 4 / 3) / 3600)
+    assert m["train_gpu_hours_per_run"]["grpo"] == pytest.approx(3000 * (rollout + update * 5 / 3) / 3600)
+    assert m["train_gpu_hours_per_run"]["justrl"] == pytest.approx(3295.004, abs=1e-3)
+    # 8B: the 1.7B throughputs scaled by 1.7 / 8.2
+    m8 = plan["models"]["qwen3-8b-base"]
+    assert m8["train_gpu_hours_per_run"]["stapo"] == pytest.approx(3295.004 * 8.2 / 1.7, abs=1e-2)
+    # evaluation of one 1.7B final checkpoint: AIME24 30 x 32 samples of 20480 / 3 tokens + 60 s engine start
+    aime = (30 * 32 * 20480 / 3 / 20_000 + 60) / 3600
+    six = sum(p * s * 20480 / 3 / 20_000 + 60 for p, s in
+              [(30, 32), (30, 32), (40, 32), (500, 4), (272, 4), (674, 4)]) / 3600
+    assert m["eval_jobs"] == {"final": 48, "base": 12, "curve": 596}
+    assert m["eval_gpu_hours"]["final"] == pytest.approx(4 * 2 * six)
+    assert m["eval_gpu_hours"]["curve"] == pytest.approx(596 * aime)
+    assert plan["stages"]["train"] == pytest.approx(sum(
+        sum(v["train_gpu_hours_per_run"].values()) for v in plan["models"].values()))
+    assert plan["total_gpu_hours"] == pytest.approx(plan["stages"]["train"] + plan["stages"]["evaluate"])
+
+
+def test_measured_per_model_and_missing_throughputs(paper):
+    jobs, config = paper
+    tp = P.Throughputs(models={"qwen3-1.7b-base": {"rollout_tokens_per_s": 512, "train_tokens_per_s": 512,
+                                                   "eval_tokens_per_s": 1000}})
+    plan = P.estimate(jobs, config, tp, prompt_tokens=0, response_tokens=100, eval_tokens=10)
+    # 3000 steps x 2048 completions x 100 tokens at 512 tok/s: rollout 400 s, update 400 s x 4/3 (old log-probs)
+    assert plan["models"]["qwen3-1.7b-base"]["train_gpu_hours_per_run"]["justrl"] == pytest.approx(
+        3000 * (400 + 1600 / 3) / 3600)
+    assert plan["models"]["qwen3-8b-base"]["train_gpu_hours"] is None  # no figure for 8B, none to scale
+    assert plan["total_gpu_hours"] is None and "n/a" in P.format_plan(plan)
+
+
+def test_tiny_study_counts(tmp_path):
+    jobs, config = P.workflow_jobs([TINY], ROOT / "Snakefile")
+    # offline miniature: smollm2 only, arith only: (4 methods + base) x 2 settings
+    assert jobs.counts() == {"train": 4, "evaluate": 10, "report": 1, "recipe": 4 + 2 + 1, "study_file": 1}
+    plan = P.estimate(jobs, config, P.Throughputs(reference_params_b=0.135, rollout_tokens_per_s=100,
+                                                  train_tokens_per_s=100, eval_tokens_per_s=100, engine_start_s=0))
+    # arith: limit 10 problems x 1 sample x 64 / 3 tokens at 100 tok/s
+    assert plan["models"]["smollm2-135m"]["eval_gpu_hours"]["final"] == pytest.approx(8 * 10 * 64 / 3 / 100 / 3600)
+
+
+def test_errors_name_the_fix(paper, tmp_path):
+    jobs, config = paper
+    config = json.loads(json.dumps(config))
+    config["models"]["qwen3-8b-base"]["spec"] = "org/unknown-7b"
+    tp = P.Throughputs(reference_params_b=1.7, rollout_tokens_per_s=1, train_tokens_per_s=1, eval_tokens_per_s=1)
+    with pytest.raises(ValueError, match=r"models\.qwen3-8b-base: parameter count of 'org/unknown-7b' unknown; "
+                                         r"give --params qwen3-8b-base=BILLIONS"):
+        P.estimate(jobs, config, tp)
+    assert P.estimate(jobs, config, tp, params={"qwen3-8b-base": 7.0})["models"]["qwen3-8b-base"]["params_b"] == 7.0
+    with pytest.raises(ValueError, match="rollout_tokens_per_s needs reference_params_b"):
+        P.estimate(jobs, config, P.Throughputs(rollout_tokens_per_s=1, train_tokens_per_s=1))
+    bad = tmp_path / "tp.yaml"
+    bad.write_text("rollout_tps: 3\n")
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['rollout_tps'\]"):
+        P.load_throughputs(bad)
+    with pytest.raises(FileNotFoundError, match="--configfile"):
+        P.workflow_jobs([tmp_path / "nope.yaml"], ROOT / "Snakefile")
+
+
+def test_cli_prints_table_and_writes_json(tmp_path, capsys, monkeypatch):
+    from stapo.cli import main
+
+    tp = tmp_path / "tp.yaml"
+    tp.write_text("reference_params_b: 1.7\nrollout_tokens_per_s: 10000\ntrain_tokens_per_s: 5000\n"
+                  "eval_tokens_per_s: 20000\ngpu: NVIDIA H200\n")
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--throughputs", str(tp), "--train-tps", "2500", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "jobs: train 12, evaluate 1968, report 1, recipe 25, study_file 1 (total 2007)" in text
+    plan = json.loads(out.read_text())
+    assert plan["throughputs"]["train_tokens_per_s"] == 2500  # the flag overrides the file
+    update = 2048 * 5320 / 2500 * 4 / 3
+    assert plan["models"]["qwen3-1.7b-base"]["train_gpu_hours_per_run"]["justrl"] == pytest.approx(
+        3000 * (2048 * 5120 / 10_000 + update) / 3600)
