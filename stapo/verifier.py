@@ -145,6 +145,21 @@ def _judge(prompts: list[str], model_path: str, cfg, vcfg: dict, store, tokenize
     return lm.generate_until(requests)
 
 
+def _release_policy_engine() -> None:
+    """Free what the policy's engine left (its objects are unreferenced once generation returns) before the
+    verifier's engine claims the accelerator's memory."""
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+
+
 def apply_verifier(records: list[dict], problems: list[dict], cfg, store) -> dict:
     """Re-judge the records the rule grader marked wrong; adds ``verifier`` (A/B/C, "" unparsed, None not judged)
     and ``correct_verified`` to every record. Returns the summary's ``verifier`` block."""
@@ -155,6 +170,7 @@ def apply_verifier(records: list[dict], problems: list[dict], cfg, store) -> dic
     todo = [r for r in records if not r["correct"]]
     verdicts: list[str | None] = []
     if todo:
+        _release_policy_engine()
         model_path = resolve_model(vcfg["model"])
         tokenizer = _tokenizer(model_path)
         question = {p["problem_id"]: p["problem"] for p in problems}
