@@ -555,7 +555,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="FILE.jsonl (FILE.summary.json and FILE.cache.sqlite beside)")
     parser.add_argument("--recipe", help="study YAML; only its 'eval' section is read")
     parser.add_argument("--backend", choices=["hf", "vllm"], help="lm-eval backend (default: recipe, else vllm)")
-    parser.add_argument("--data-dir", help="directory with <benchmark>.jsonl files (default: recipe, else hub)")
+    parser.add_argument("--data-dir", help="directory with <benchmark>.jsonl files, 'bundled' (the files shipped in "
+                        "stapo/tasks/data) or 'hub' (default: recipe, else bundled)")
     parser.add_argument("--samples", type=int, help="N samples per problem (default: recipe / paper)")
     parser.add_argument("--limit", type=int, help="first N problems only")
     parser.add_argument("--max-new-tokens", type=int, help="generation cap (default: recipe, else 20480)")
