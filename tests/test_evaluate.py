@@ -547,3 +547,62 @@ def test_text_after_the_end_of_turn_never_reaches_the_grader(tmp_path, monkeypat
     (rec,) = _records(tmp_path / "aime24" / "t1.0_p1.0.jsonl")
     assert rec["completion"].strip() == "The answer is \\boxed{204}"
     assert rec["correct"] and not rec["truncated"] and s["avg_at_n"] == 100.0
+
+
+def _import_lm_eval_vllm(monkeypatch):
+    """lm-eval's vLLM wrapper, importable without vLLM (CPU CI): vllm's names it imports are stubbed."""
+    import importlib
+    import importlib.metadata
+    import sys
+    import types
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    stubs = {"vllm": dict(LLM=object, SamplingParams=SamplingParams, TokensPrompt=dict),
+             "vllm.lora": {}, "vllm.lora.request": dict(LoRARequest=object),
+             "vllm.renderers": {}, "vllm.renderers.hf": dict(resolve_chat_template=None),
+             "vllm.tokenizers": dict(get_tokenizer=None)}
+    for name, attrs in stubs.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda d: "0.11.0" if d == "vllm" else real_version(d))
+    # imported fresh over the stubs, and dropped again when the test ends (monkeypatch restores "absent")
+    monkeypatch.setitem(sys.modules, "lm_eval.models.vllm_causallms", types.ModuleType("placeholder"))
+    del sys.modules["lm_eval.models.vllm_causallms"]
+    return importlib.import_module("lm_eval.models.vllm_causallms")
+
+
+def test_vllm_path_sends_stop_tokens_and_per_request_seeds_to_sampling_params(monkeypatch):
+    """What reaches vLLM's SamplingParams through lm-eval's own vLLM wrapper (no GPU here: the engine is faked)."""
+    from types import SimpleNamespace
+
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.model import CacheHook
+
+    mod = _import_lm_eval_vllm(monkeypatch)
+    tok = _qwen3_base_tokenizer()
+    sent = []
+
+    def engine(requests, generate, sampling_params):
+        sent.extend(sampling_params)
+        return [SimpleNamespace(outputs=[SimpleNamespace(text="\\boxed{1}<|im_end|>more")]) for _ in requests]
+
+    lm = mod.VLLM.__new__(mod.VLLM)
+    lm.__dict__.update(tokenizer=tok, batch_size="auto", _max_gen_toks=256, _max_length=4096, truncation_side="left",
+                       think_end_token=None, _rank=0, cache_hook=CacheHook(None), custom_prefix_token_id=None,
+                       add_bos_token=False, _model_generate=engine)
+    monkeypatch.setattr(mod.VLLM, "eot_token_id", property(lambda self: tok.eos_token_id))
+    cfg = evaluate.with_stop_tokens(resolve_config(_args(backend="vllm", max_new_tokens=32)), tok)
+    reqs = [Instance("generate_until", {}, ("What is 1+0?", cfg.gen_kwargs()), 0, ("t", 0, 2)) for _ in range(2)]
+    wrapped = evaluate.ResumableLM(lm, None, {"model": "m"}, chunk=8, seeding="request", store=_MemoryStore())
+    texts = wrapped.generate_until(reqs)
+    assert texts == ["\\boxed{1}", "\\boxed{1}"]  # lm-eval cuts at the stop string too
+    for params in sent:
+        assert params.kwargs["stop_token_ids"] == [151643, 151645]
+        assert set(params.kwargs["stop"]) == {"<|endoftext|>", "<|im_end|>"} and params.kwargs["max_tokens"] == 32
+        assert params.kwargs["temperature"] == 0.7 and params.kwargs["top_p"] == 0.9
+    assert len({p.kwargs["seed"] for p in sent}) == 2  # the two repeats: own seeds, hence different samples
