@@ -92,6 +92,7 @@ def extract_answer(completion: str) -> str | None:
 
 
 TOO_LONG = object()  # final_box: the final box exceeds MAX_BOX_CHARS
+_TOO_LONG_MARK = "\x00too-long"  # TOO_LONG as sent to a worker (a picklable string no completion contains)
 
 
 def final_box(completion: str):
@@ -184,7 +185,7 @@ def grade_one(completion: str, gold: str, timeout: float = 5.0, strict: bool = F
 def _parts(completion: str) -> tuple:
     """(final box or None / TOO_LONG marker string, the tail the fallback parses): all a worker needs."""
     box = final_box(completion)
-    return ("\x00too-long" if box is TOO_LONG else box), completion[-MAX_COMPLETION_CHARS:]
+    return (_TOO_LONG_MARK if box is TOO_LONG else box), completion[-MAX_COMPLETION_CHARS:]
 
 
 def _choose(verdicts: dict, strict: bool) -> Grade:
@@ -198,7 +199,7 @@ def _choose(verdicts: dict, strict: bool) -> Grade:
 
 def _grade_parts(box: str | None, tail: str, gold: str, timeout: float) -> dict:
     """Both verdicts for one completion; the fallback runs only when there is no usable final box."""
-    too_long = box == "\x00too-long"
+    too_long = box == _TOO_LONG_MARK
     try:
         with _deadline(timeout):
             if box is not None and not too_long:
@@ -273,7 +274,7 @@ def _worker_main(conn, memory_bytes: int) -> None:
 
 def _failed(box: str | None, tail: str, status: str) -> dict:
     """Verdicts of a completion whose grading failed (worker error, or killed past its deadline)."""
-    head = None if box is None or box == "\x00too-long" else box
+    head = None if box is None or box == _TOO_LONG_MARK else box
     return dict(correct=False, extracted=head, status=status, fallback_correct=False,
                 fallback_extracted=head if head is not None else extract_answer(tail), fallback_status=status)
 
