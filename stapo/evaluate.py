@@ -596,7 +596,7 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize(records, cfg, model_path, verifier)
     atomic_write_json(summary_path(out), summary)
     log.info("%s %s: avg@%d = %.2f%% (CI %.1f-%.1f), %d problems, truncated %.1f%%, no box %.1f%%; generation "
-             "%.1fs (%d cached, %d generated), grading %.1fs", cfg.benchmark, cfg.setting, cfg.n, summary["avg_at_n"],
+             "%.1fs (%d cached, %d generated), grading (+ verifier) %.1fs", cfg.benchmark, cfg.setting, cfg.n, summary["avg_at_n"],
              *summary["ci95"], summary["problems"], summary["truncation_rate"], summary["no_box_rate"], t1 - t0,
              stats["cached"], stats["generated"], time.monotonic() - t1)
     return 0
