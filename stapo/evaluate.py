@@ -440,7 +440,10 @@ def build_records(problems: list[dict], grades: list, n_tokens: list[int], max_n
     """Per-sample records: the strict verdict (reported), the fallback diagnostic, length and truncation.
 
     ``truncated``: the completion's re-tokenised length reaches ``max_new_tokens`` (it did not stop at an
-    end-of-turn token; lm-eval returns text only, so the length is re-counted from the text).
+    end-of-turn token). lm-eval returns text only, so the length is re-counted from the text; decode then encode
+    is not always the identity (a random 8-token completion re-encodes to 8-10 tokens), so ``tokens`` is
+    approximate, and a completion that ended at an end-of-turn token one or two tokens short of the cap can be
+    counted as truncated.
     """
     records, it = [], iter(zip(grades, n_tokens, strict=True))
     for p in problems:
