@@ -88,8 +88,11 @@ def check_verifier_config(section) -> None:
     model = section.get("model", VERIFIER_DEFAULTS["model"])
     if not isinstance(model, str) or not model.strip():
         raise ValueError(f"eval.verifier.model: expected a model id, path or bundled: spec, got {model!r}")
-    if int(section.get("max_new_tokens", 1)) < 1:
-        raise ValueError("eval.verifier.max_new_tokens: must be >= 1")
+    tokens = section.get("max_new_tokens", VERIFIER_DEFAULTS["max_new_tokens"])
+    if not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"eval.verifier.max_new_tokens: expected an integer >= 1, got {tokens!r}")
+    if not isinstance(section.get("backend_args", {}), dict):
+        raise ValueError("eval.verifier.backend_args: expected a mapping (merged over eval.<backend>)")
 
 
 def parse_verdict(reply: str) -> str | None:

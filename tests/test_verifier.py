@@ -64,6 +64,8 @@ def test_config_check_names_the_key():
         check_verifier_config({"prompt": "x"})
     with pytest.raises(ValueError, match="eval.verifier.model"):
         check_verifier_config({"model": ""})
+    with pytest.raises(ValueError, match="eval.verifier.max_new_tokens"):
+        check_verifier_config({"max_new_tokens": "many"})
     with pytest.raises(ValueError, match="eval.verifier: expected a mapping"):
         check_verifier_config("opencompass/CompassVerifier-3B")
 
