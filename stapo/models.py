@@ -21,7 +21,8 @@ import tempfile
 from pathlib import Path
 from urllib.parse import parse_qsl
 
-__all__ = ["resolve_model", "check_spec", "cache_dir", "end_of_turn_tokens", "PAPER_MODELS", "TINY_QWEN3_DEFAULTS"]
+__all__ = ["resolve_model", "check_spec", "cache_dir", "end_of_turn_tokens", "end_of_turn_token_ids", "PAPER_MODELS",
+           "TINY_QWEN3_DEFAULTS"]
 
 # The paper's three base models (hub ids).
 PAPER_MODELS = {
@@ -163,20 +164,43 @@ def resolve_model(spec: str) -> str:
     return spec  # hub id: transformers / vLLM download it (or use HF_HUB_OFFLINE's cache)
 
 
-_TURN_PROBE = "STAPO-END-OF-TURN-PROBE"
+# ------------------------------------------------------------------------------------------- end of turn
+
+_TURN_PROBE = "STAPOTURNPROBE"  # plain letters: no chat template rewrites or escapes them
 
 
 def end_of_turn_tokens(tokenizer) -> list[str]:
-    """Every token that ends an assistant turn: the EOS and the special token the chat template writes right after
-    an assistant message (Qwen3-Base: ``<|endoftext|>`` and ``<|im_end|>``). Generation stops at any of them.
+    """Every token string that ends the assistant's turn: the EOS token and the one the chat template closes it with.
+
+    Qwen3-Base's EOS is ``<|endoftext|>`` while its chat template ends a turn with ``<|im_end|>``: a sampler that
+    stops only at EOS runs past the answer (the next "user" turn, more boxes) and that text reaches the reward or
+    the grader. The template's token is found by rendering a one-exchange chat and reading the special token that
+    follows the assistant's content (ChatML ``<|im_end|>``, Llama-3 ``<|eot_id|>``, Gemma ``<end_of_turn>`` ...).
+    Order: EOS first, then the template's; no duplicates. A tokenizer without template gives [EOS] (or []).
     """
-    tokens = [tokenizer.eos_token] if tokenizer.eos_token else []
+    tokens = []
+    eos = getattr(tokenizer, "eos_token", None)
+    if eos:
+        tokens.append(str(eos))
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "1"}, {"role": "assistant", "content": _TURN_PROBE}], tokenize=False)
-        after = tokenizer.tokenize(text[text.rfind(_TURN_PROBE) + len(_TURN_PROBE):].lstrip(" "))
-        special = set(tokenizer.all_special_tokens) | {
-            t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
-        if after and after[0] in special:
-            tokens.append(after[0])
+        try:
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _TURN_PROBE}], tokenize=False)
+        except Exception:  # templates that refuse this shape (e.g. require a system turn): EOS only
+            text = ""
+        after = text[text.find(_TURN_PROBE) + len(_TURN_PROBE):].lstrip(" ") if _TURN_PROBE in text else ""
+        specials = set(getattr(tokenizer, "all_special_tokens", [])) | set(tokenizer.get_added_vocab())
+        closing = [t for t in specials if t and after.startswith(t)]
+        if closing:
+            tokens.append(max(closing, key=len))
     return list(dict.fromkeys(tokens))
+
+
+def end_of_turn_token_ids(tokenizer) -> list[int]:
+    """Token ids of :func:`end_of_turn_tokens` that are single tokens of the vocabulary (for stop-token lists)."""
+    ids = []
+    for token in end_of_turn_tokens(tokenizer):
+        found = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(found, int) and found != getattr(tokenizer, "unk_token_id", None):
+            ids.append(found)
+    return list(dict.fromkeys(ids))

@@ -7,9 +7,12 @@ Inputs (layout of /work/notes/contract.md):
 Outputs (under ``--out``, each written atomically):
     table.md     per model: rows = methods (+ the untrained base), columns = benchmarks + Avg, each cell
                  "T1.0 (T0.7)" = accuracy (%) at (T 1.0, top-p 1.0) and (T 0.7, top-p 0.9); for the paper's
-                 models the paper's v2 numbers and our Δ follow each method's row
+                 models the paper's v2 numbers and our Δ follow each method's row. Accuracy is the rule grade
+                 corrected by the LLM verifier where the evaluation ran one (the paper's protocol), else the
+                 strict rule grade; with a verifier, a "(rule only)" row follows each method
     table.tex    the same as LaTeX (booktabs)
-    scores.csv   every evaluated cell (all checkpoints) with its 95 % CI, plus per-row averages
+    scores.csv   every evaluated cell (all checkpoints) with its 95 % CI, plus per-row averages; per cell also the
+                 rule-only, verifier-corrected and lenient-fallback accuracies, truncation and no-box rates
     figures/<model>_{entropy,reward,accuracy,silenced}.{png,pdf}
     figures/<model>_{quadrants,entropy_quantiles}.{png,pdf}   the paper's token analysis ("no data" without
                  diagnostics): mean closed-form ‖∇_a J‖ per probability × entropy quadrant (positive-advantage
@@ -69,6 +72,11 @@ class Score:
     ci_hi: float
     n_samples: int | None = None
     problems: int | None = None
+    rule_accuracy: float | None = None  # strict rule grade (== accuracy without a verifier)
+    corrected_accuracy: float | None = None  # rule grade corrected by the LLM verifier (None: no verifier)
+    fallback_accuracy: float | None = None  # the lenient fallback diagnostic
+    truncation_rate: float | None = None  # % of samples that hit max_new_tokens
+    no_box_rate: float | None = None  # % of samples without a final \boxed{}
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -82,12 +90,16 @@ def load_scores(scores_dir: str | Path) -> list[Score]:
         setting = path.name[: -len(".summary.json")]
         try:
             s = json.loads(path.read_text(encoding="utf-8"))
-            acc = float(s["avg_at_n"])
-            lo, hi = (float(v) for v in s.get("ci95") or (acc, acc))
+            rule = float(s["avg_at_n"])
+            corrected = s.get("avg_at_n_corrected")
+            acc = rule if corrected is None else float(corrected)  # the paper reports verifier-corrected
+            ci = (s.get("ci95") if corrected is None else s.get("ci95_corrected")) or (acc, acc)
+            lo, hi = (float(v) for v in ci)
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a score summary (need avg_at_n and ci95): {e}") from e
-        scores.append(Score(model, method, ckpt, benchmark, setting, acc, lo, hi,
-                            s.get("n_samples"), s.get("problems")))
+        scores.append(Score(model, method, ckpt, benchmark, setting, acc, lo, hi, s.get("n_samples"),
+                            s.get("problems"), rule, None if corrected is None else acc,
+                            s.get("avg_at_n_fallback"), s.get("truncation_rate"), s.get("no_box_rate")))
     return scores
 
 
@@ -152,15 +164,15 @@ def row_average(cells: dict, method: str, benchmarks: list[str], setting: str) -
     return mean, mean - half, mean + half
 
 
-def _row_values(cells, method, benchmarks) -> dict[tuple[str, str], float | None]:
-    """``(benchmark|'avg', setting) -> accuracy`` for one table row."""
+def _row_values(cells, method, benchmarks, field: str = "accuracy") -> dict[tuple[str, str], float | None]:
+    """``(benchmark|'avg', setting) -> accuracy`` (or another Score field, e.g. rule_accuracy) for one table row."""
     vals = {}
     for setting in SETTINGS:
         for b in benchmarks:
             s = cells.get((method, b, setting))
-            vals[(b, setting)] = s.accuracy if s else None
-        avg = row_average(cells, method, benchmarks, setting)
-        vals[("avg", setting)] = avg[0] if avg else None
+            vals[(b, setting)] = getattr(s, field) if s else None
+        got = [vals[(b, setting)] for b in benchmarks]
+        vals[("avg", setting)] = sum(got) / len(got) if got and None not in got else None
     return vals
 
 
@@ -191,6 +203,9 @@ def table_rows(entry: dict, model: str, paper: dict) -> list[tuple[str, list[str
         ours = _row_values(entry["cells"], method, benches)
         name = METHOD_NAMES.get(method, method)
         rows.append((name, [_cell(ours, b) for b in benches + ["avg"]]))
+        if _verified(entry):
+            rule = _row_values(entry["cells"], method, benches, "rule_accuracy")
+            rows.append((f"{name} (rule only)", [_cell(rule, b) for b in benches + ["avg"]]))
         theirs = _paper_values(paper, model, method, benches)
         if theirs is None:
             continue
@@ -201,10 +216,22 @@ def table_rows(entry: dict, model: str, paper: dict) -> list[tuple[str, list[str
     return rows
 
 
+def _verified(entry: dict) -> bool:
+    """Whether any cell of this model's table was corrected by an LLM verifier."""
+    return any(s.corrected_accuracy is not None for s in entry["cells"].values())
+
+
 def _footnotes(entry: dict, model: str) -> list[str]:
     benches = entry["benchmarks"]
     notes = [f"Cells: accuracy (%), avg@n over samples, at T 1.0 / top-p 1.0 (T 0.7 / top-p 0.9); 95 % CIs in "
              f"scores.csv. Trained methods: final checkpoint; Base: the untrained model."]
+    if _verified(entry):
+        notes.append("Accuracy: strict rule grade (final \\boxed{} answer, math-verify) corrected by the LLM "
+                     "verifier (the paper's protocol); \"(rule only)\" rows: before correction.")
+    else:
+        notes.append("Accuracy: strict rule grade (final \\boxed{} answer, math-verify), no LLM-verifier "
+                     "correction (the paper's numbers are verifier-corrected); truncation and no-box rates in "
+                     "scores.csv.")
     missing = [BENCHMARKS[b] for b in PAPER_BENCHMARKS if b not in benches]
     if missing or len(benches) != len(PAPER_BENCHMARKS):
         present = ", ".join(BENCHMARKS.get(b, b) for b in benches)
@@ -263,7 +290,9 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["model", "method", "ckpt", "benchmark", "setting", "accuracy", "ci95_lo", "ci95_hi",
-                "n_samples", "problems", "paper_v2", "delta"])
+                "n_samples", "problems", "paper_v2", "delta", "rule_accuracy", "corrected_accuracy",
+                "fallback_accuracy", "truncation_rate", "no_box_rate"])
+    opt = lambda v: "" if v is None else f"{v:.4f}"  # noqa: E731
 
     def paper_value(model, method, bench, setting):
         return paper.get((MODEL_NAMES.get(model), METHOD_NAMES.get(method), bench, setting))
@@ -272,7 +301,8 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
         p = paper_value(s.model, s.method, s.benchmark, s.setting) if s.ckpt in TABLE_CKPTS else None
         w.writerow([s.model, s.method, s.ckpt, s.benchmark, s.setting, f"{s.accuracy:.4f}", f"{s.ci_lo:.4f}",
                     f"{s.ci_hi:.4f}", s.n_samples, s.problems, _fmt(p).replace("–", ""),
-                    "" if p is None else f"{s.accuracy - p:.4f}"])
+                    "" if p is None else f"{s.accuracy - p:.4f}", opt(s.rule_accuracy), opt(s.corrected_accuracy),
+                    opt(s.fallback_accuracy), opt(s.truncation_rate), opt(s.no_box_rate)])
     for model, entry in layout.items():
         full = set(PAPER_BENCHMARKS) <= set(entry["benchmarks"])
         for method in entry["methods"]:

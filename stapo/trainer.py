@@ -69,7 +69,7 @@ from stapo.atomic import append_line
 from stapo.data import DatasetError, build_prompt, load_problems, validate_source
 from stapo.diagnostics import TokenDiagnostics
 from stapo import rundir
-from stapo.models import check_spec, end_of_turn_tokens, resolve_model
+from stapo.models import check_spec, end_of_turn_token_ids, resolve_model
 from stapo.objectives import ObjectiveConfig, Thresholds, get_objective, policy_loss, step_thresholds
 from stapo.rewards import REWARDS
 from stapo.rundir import CheckpointSentinel, latest_complete_checkpoint, process_state
@@ -293,7 +293,7 @@ class StapoGRPOTrainer(GRPOTrainer):
 
     def _stop_at_end_of_turn(self) -> None:
         """HF generation and the completion mask end at every end-of-turn token (vLLM: grpo_config's stop ids)."""
-        ids = self.processing_class.convert_tokens_to_ids(end_of_turn_tokens(self.processing_class))
+        ids = end_of_turn_token_ids(self.processing_class)
         self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *ids]))
         if not self.use_vllm:
             self.generation_kwargs["eos_token_id"] = self.eos_token_ids
@@ -578,7 +578,7 @@ def build_trainer(plan: Plan, out: Path, *, plain: bool = False, callbacks=(), *
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     state = process_state()
-    stop_ids = tokenizer.convert_tokens_to_ids(end_of_turn_tokens(tokenizer))
+    stop_ids = end_of_turn_token_ids(tokenizer)
     config = grpo_config(plan, out, state.num_processes, deepspeed=state.distributed_type.value == "DEEPSPEED",
                          stop_token_ids=stop_ids, **config_overrides)
     kwargs = dict(model=model_dir, reward_funcs=[_accuracy_reward(REWARDS[plan.settings.reward])], args=config,

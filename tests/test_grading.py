@@ -57,6 +57,12 @@ CASES = [
     # minerva: decimals, scientific notation, units
     ("1.6", "1.6", True), ("1.6 \\text{ cm}", "1.6", True), ("41.8", "41.8", True), ("42.8", "41.8", False),
     ("0.006", "0.006", True), ("6 \\times 10^{-3}", "0.006", True),
+    # units and computer e-notation (Minerva golds such as 4.5e33), percentages: as an LLM verifier judges them
+    ("7.5\\times10^{5}\\text{ m/s}", "7.5e5", True), ("7.5 \\times 10^5 \\mathrm{~m} / \\mathrm{s}", "7.5e5", True),
+    ("750000", "7.5e5", True), ("7.6\\times10^{5}\\text{ m/s}", "7.5e5", False), ("4.5\\times10^{33}", "4.5e33", True),
+    ("4.5\\times10^{32}", "4.5e33", False), ("2.3 \\times 10^{-4}", "2.3e-4", True), ("0.00023", "2.3e-4", True),
+    ("12\\%", "12", True), ("12\\ \\%", "12", True), ("12", "12\\%", True), ("12\\%", "12\\%", True),
+    ("13\\%", "12", False), ("0.12", "12\\%", False),
 ]
 
 
@@ -71,7 +77,7 @@ def test_case_table_is_large_enough():
 
 def test_case_table_verdicts():
     """All cases in one pooled call (the way stapo eval grades); every verdict must match the table."""
-    grades = grade([_completion(a) for a, _, _ in CASES], [g for _, g, _ in CASES], timeout=10)
+    grades = grade([_completion(a) for a, _, _ in CASES], [g for _, g, _ in CASES], timeout=10, strict=True)
     wrong = [(a, g, ok, r) for (a, g, ok), r in zip(CASES, grades) if r.correct != ok]
     assert not wrong, "\n".join(f"boxed {a!r} vs gold {g!r}: expected {ok}, got {r}" for a, g, ok, r in wrong)
     assert all(r.extracted == a for (a, _, _), r in zip(CASES, grades))
@@ -219,3 +225,44 @@ def test_plain_text_answer_falls_back_to_the_last_number():
     g = grade_one("12 + 7 = 19.", "19")
     assert g.correct and g.extracted == "19" and g.status == "ok"
     assert not grade_one("The answer is 20", "19").correct
+
+
+# ------------------------------------------------------------------------------------ strict (reported) verdicts
+
+
+def test_strict_grades_only_the_final_box_and_keeps_the_fallback_as_a_diagnostic():
+    texts = ["...maybe the total is 204 hmm", "so $x = 204$ I guess", "First \\boxed{204}, no wait, \\boxed{205}",
+             "The answer is \\boxed{204}", "truncated mid-answer: \\boxed{20"]
+    strict = grade(texts, ["204"] * 5, strict=True)
+    assert [g.correct for g in strict] == [False, False, False, True, False]
+    assert [g.status for g in strict] == ["no_box", "no_box", "ok", "ok", "no_box"]
+    assert [g.extracted for g in strict] == [None, None, "205", "204", None]
+    # the lenient fallback (last LaTeX expression, then the last number) is kept, under its own name
+    assert [g.fallback_correct for g in strict] == [True, True, False, True, False]
+    lenient = grade(texts, ["204"] * 5)  # the default policy: math_verify training reward, unchanged
+    assert [g.correct for g in lenient] == [True, True, False, True, False]
+    assert grade_one(texts[0], "204", strict=True).correct is False
+
+
+def test_strict_box_is_found_anywhere_and_an_overlong_box_is_not_graded_from_its_tail():
+    from stapo.grading import MAX_BOX_CHARS, final_box
+
+    late = "\\boxed{42}" + " and then some more words" * 400  # the box lies before the fallback's 4 KB tail
+    assert len(late) > MAX_COMPLETION_CHARS + 1000
+    g = grade([late], ["42"], strict=True)[0]
+    assert g.correct and g.extracted == "42"
+    huge = "\\boxed{" + "1+" * 3000 + "42}"  # 6 KB box: the old grader parsed its last 4 KB ("...1+1+42")
+    assert final_box(huge) is not None and len(huge) > MAX_BOX_CHARS
+    g = grade([huge], ["42"], strict=True)[0]
+    assert (g.correct, g.status) == (False, "unparsable")
+    g = grade(["\\boxed{" + "x" * (MAX_BOX_CHARS + 50) + "} = 42"], ["42"], strict=True)[0]
+    assert not g.correct and g.status == "unparsable"
+
+
+def test_notation_normalisation():
+    from stapo.grading import normalize_notation
+
+    assert normalize_notation("4.5e33") == "4.5\\times10^{33}"
+    assert normalize_notation("2.3E-4") == "2.3\\times10^{-4}"
+    assert normalize_notation("12\\%") == "12" and normalize_notation("12 \\%") == "12"
+    assert normalize_notation("e^{2x}") == "e^{2x}" and normalize_notation("x2e3") == "x2e3"  # not numbers

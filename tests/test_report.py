@@ -179,3 +179,32 @@ def test_figures_count_rollout_steps():
     assert _step_of("checkpoint-4", rows) == 1 and _step_of("checkpoint-8", rows) == 2
     assert _step_of("final", rows) == 2 and _step_of("base", rows) == 0 and _step_of("checkpoint-4", []) is None
     assert "rollout" in STEP_LABEL
+
+
+def test_verifier_corrected_accuracy_headlines_the_table_and_the_rule_grade_follows(tmp_path):
+    scores, runs = tmp_path / "scores", tmp_path / "runs"
+    for method, (rule, corrected) in {"base": (10.0, 12.5), "stapo": (20.0, 26.0)}.items():
+        ckpt = "base" if method == "base" else "final"
+        for setting in SETTINGS:
+            atomic_write_json(scores / "m" / method / ckpt / "aime24" / f"{setting}.summary.json", {
+                "avg_at_n": rule, "ci95": [rule - 1, rule + 1], "avg_at_n_corrected": corrected,
+                "ci95_corrected": [corrected - 3, corrected + 3], "avg_at_n_fallback": rule + 5,
+                "truncation_rate": 7.5, "no_box_rate": 40.0, "n_samples": 4, "problems": 30})
+    report.write_report(scores, runs, tmp_path / "results", {"study": "v"})
+    table = (tmp_path / "results" / "table.md").read_text()
+    rows = _rows(table)
+    assert rows["STAPO"][0] == "26.00 (26.00)" and rows["STAPO (rule only)"][0] == "20.00 (20.00)"
+    assert rows["Base (rule only)"][-1] == "10.00 (10.00)" and "corrected by the LLM verifier" in table
+    with open(tmp_path / "results" / "scores.csv", newline="") as f:
+        cell = next(r for r in csv.DictReader(f) if r["method"] == "stapo" and r["benchmark"] == "aime24")
+    assert float(cell["accuracy"]) == 26.0 and float(cell["ci95_lo"]) == 23.0
+    assert (float(cell["rule_accuracy"]), float(cell["corrected_accuracy"]), float(cell["fallback_accuracy"])) == \
+        (20.0, 26.0, 25.0)
+    assert (float(cell["truncation_rate"]), float(cell["no_box_rate"])) == (7.5, 40.0)
+
+
+def test_without_verifier_the_table_says_rule_only_and_has_no_extra_rows(tmp_path):
+    scores, runs = _write_study(tmp_path, "m", ("arith",))
+    report.write_report(scores, runs, tmp_path / "results", {"study": "tiny"})
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert not any("(rule only)" in label for label in _rows(table)) and "no LLM-verifier correction" in table

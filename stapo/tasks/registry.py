@@ -1,10 +1,12 @@
 """Benchmark registry: where each benchmark's rows come from, how many there should be, paper N per benchmark.
 
-Every benchmark yields rows ``{id, problem, answer}`` (the ../shared/data/benchmarks format) from either
+Every benchmark yields rows ``{id, problem, answer}`` from the ``data_dir`` source:
 
-* a local jsonl ``<data_dir>/<file>`` (offline runs and tests), or
-* its Hugging Face hub dataset (``hub_id``, ``hub_config``, ``hub_split``, with the field names mapped), or
-* for ``arith``, ``stapo.data.synthetic_arith_rows`` (the CPU miniature's synthetic benchmark).
+* ``None`` or ``"bundled"`` (the default): the files shipped in ``stapo/tasks/data`` (``BUNDLED_DATA_DIR``; source,
+  row counts and licenses in its README), so a fresh clone evaluates on the real problems offline;
+* ``"hub"``: the Hugging Face hub dataset (``hub_id``, ``hub_config``, ``hub_split``, with the field names mapped);
+* any other value: a directory holding ``<file>`` in the same jsonl format;
+* for ``arith``, always ``stapo.data.synthetic_arith_rows`` (the CPU miniature's synthetic benchmark).
 
 The loader warns when the row count differs from ``expected_rows`` (OlympiadBench: JustRL's 674 or the original 675).
 lm-eval reaches this module through ``custom_dataset`` (named by the task YAMLs), which also renders the training
@@ -19,11 +21,14 @@ from functools import lru_cache
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Benchmark", "BENCHMARKS", "SETTINGS", "TASKS_DIR", "load_rows", "custom_dataset", "task_name"]
+__all__ = ["Benchmark", "BENCHMARKS", "SETTINGS", "TASKS_DIR", "BUNDLED_DATA_DIR", "HUB", "load_rows", "read_benchmark_file",
+           "benchmark_file", "custom_dataset", "task_name"]
 
 log = logging.getLogger("stapo.tasks")
 
 TASKS_DIR = Path(__file__).resolve().parent  # lm-eval include_path
+BUNDLED_DATA_DIR = TASKS_DIR / "data"  # the six benchmark files shipped with the project (the default source)
+BUNDLED, HUB = "bundled", "hub"  # data_dir keywords
 
 
 @dataclass(frozen=True)
@@ -82,18 +87,43 @@ def get_benchmark(name: str) -> Benchmark:
     return BENCHMARKS[name]
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_benchmark_file(path: Path) -> list[dict]:
+    """Rows ``{id, problem, answer}`` of a benchmark jsonl; a bad file raises ValueError naming it (and the line).
+
+    Checked in full (every line parses, has non-empty id/problem/answer, at least one row) so that ``stapo eval``
+    can refuse a bad file before any model loads.
+    """
     rows = []
-    with open(path, encoding="utf-8") as f:
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read benchmark file ({err.strerror})") from None
+    with f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
-            missing = {"id", "problem", "answer"} - row.keys()
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{line_no}: expected a JSON object with id, problem, answer")
+            missing = sorted(k for k in ("id", "problem", "answer") if row.get(k) is None or str(row[k]).strip() == "")
             if missing:
-                raise ValueError(f"{path}:{line_no}: missing field(s) {sorted(missing)}")
+                raise ValueError(f"{path}:{line_no}: missing field(s) {missing}")
             rows.append({"id": str(row["id"]), "problem": row["problem"], "answer": str(row["answer"])})
+    if not rows:
+        raise ValueError(f"{path}: benchmark file has no rows")
     return rows
+
+
+def benchmark_file(name: str, data_dir: str | Path | None) -> Path | None:
+    """The jsonl a benchmark is read from (None for the hub and for the generated ``arith``)."""
+    bench = get_benchmark(name)
+    if name == "arith" or data_dir == HUB:
+        return None
+    base = BUNDLED_DATA_DIR if data_dir in (None, "", BUNDLED) else Path(data_dir)
+    return base / bench.file
 
 
 def _hub_rows(name: str, bench: Benchmark) -> list[dict]:
@@ -121,18 +151,18 @@ def _arith_rows(n: int, seed: int, difficulty: int) -> list[dict]:
 
 def load_rows(name: str, data_dir: str | Path | None = None, *, n: int | None = None, seed: int | None = None,
               difficulty: int | None = None) -> list[dict]:
-    """Rows ``{id, problem, answer}`` of benchmark ``name``: local file if ``data_dir``, else hub (or generator)."""
+    """Rows ``{id, problem, answer}`` of benchmark ``name`` from ``data_dir`` (see the module docstring)."""
     bench = get_benchmark(name)
     if name == "arith":
         d = ARITH_DEFAULTS
         rows = _arith_rows(n or d["n"], d["seed"] if seed is None else seed, difficulty or d["difficulty"])
-    elif data_dir:
-        path = Path(data_dir) / bench.file
+    elif data_dir == HUB:
+        rows = _hub_rows(name, bench)
+    else:
+        path = benchmark_file(name, data_dir)
         if not path.exists():
             raise FileNotFoundError(f"benchmark {name!r}: {path} not found (data_dir={data_dir})")
-        rows = _read_jsonl(path)
-    else:
-        rows = _hub_rows(name, bench)
+        rows = read_benchmark_file(path)
     if bench.expected_rows and len(rows) not in bench.expected_rows:
         expected = " or ".join(map(str, bench.expected_rows))
         log.warning("benchmark %r has %d rows; expected %s", name, len(rows), expected)
@@ -173,5 +203,5 @@ def process_results(doc: dict, results: list[str]) -> dict:
     """
     from stapo.grading import grade
 
-    graded = grade(list(results), [doc["answer"]] * len(results))
+    graded = grade(list(results), [doc["answer"]] * len(results), strict=True)
     return {"acc": sum(g.correct for g in graded) / max(1, len(graded))}
