@@ -128,7 +128,10 @@ def _fake_vllm(tmp_path: Path, monkeypatch, body: str = "", version: str | None 
         dist.mkdir()
         (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    # setitem then delitem: the fake module the test imports is dropped again afterwards (a bare delitem of an
+    # absent key records nothing to undo, and the fake would leak into later tests)
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.delitem(sys.modules, "vllm")
     importlib.invalidate_caches()
 
 
