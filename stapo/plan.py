@@ -261,7 +261,8 @@ def _fmt(hours: float | None) -> str:
 
 def format_plan(plan: dict) -> str:
     """The human-readable table ``stapo plan`` prints."""
-    lines = ["jobs: " + ", ".join(f"{k} {v}" for k, v in plan["jobs"].items()) + f" (total {sum(plan['jobs'].values())})",
+    counts = ", ".join(f"{k} {v}" for k, v in plan["jobs"].items())
+    lines = [f"jobs: {counts} (total {sum(plan['jobs'].values())})",
              "", f"{'model':<20} {'stage':<16} {'jobs':>6} {'GPUs/job':>8} {'GPU-h':>12} {'wall-h/job':>11}"]
     for model, m in plan["models"].items():
         per_run = [h for h in m["train_gpu_hours_per_run"].values() if h is not None]

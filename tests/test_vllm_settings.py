@@ -46,7 +46,8 @@ def test_trl_kwargs_off_and_bad_keys():
     assert V.trl_vllm_kwargs(settings(use_vllm=False), "cpu") == {"use_vllm": False}  # no vLLM check either
     with pytest.raises(ValueError, match=r"train\.vllm: unknown key\(s\) \['gpu_mem'\]"):
         V.trl_vllm_kwargs(settings(vllm={"gpu_mem": 0.3}), "cpu", check=False)
-    with pytest.raises(ValueError, match=r"train\.vllm_gpu_memory_utilization: must be a fraction in \(0, 1\], got 1.5"):
+    with pytest.raises(ValueError, match=r"train\.vllm_gpu_memory_utilization: must be a fraction in \(0, 1\], "
+                                         r"got 1.5"):
         V.trl_vllm_kwargs(settings(vllm_gpu_memory_utilization=1.5), "cuda", check=False)
     with pytest.raises(ValueError, match="train.vllm: must be a mapping"):
         V.trl_vllm_kwargs(settings(vllm=[1]), "cuda", check=False)
@@ -146,7 +147,8 @@ def test_missing_vllm_names_the_install(monkeypatch):
 def test_broken_vllm_names_the_torchvision_fix(tmp_path, monkeypatch):
     _fake_vllm(tmp_path, monkeypatch, body="raise ImportError('libcudart.so.12: cannot open shared object')\n",
                version="0.32.0+cpu")
-    with pytest.raises(V.VllmUnavailable, match=r"fails to import \(ImportError: libcudart.*pip uninstall -y torchvision"):
+    with pytest.raises(V.VllmUnavailable,
+                       match=r"fails to import \(ImportError: libcudart.*pip uninstall -y torchvision"):
         V.require_vllm("cpu")
 
 
