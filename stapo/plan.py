@@ -225,7 +225,8 @@ def estimate(jobs: Jobs, config: dict, tp: Throughputs, *, prompt_tokens: float 
     """Per-model and per-stage GPU-hours of the study (None where a throughput was not given)."""
     params = params or {}
     full = set((config.get("workflow") or {}).get("checkpoints") or ["final"])
-    models = sorted({m for m, _ in jobs.train} | {j[0] for j in jobs.evaluate})
+    present = {m for m, _ in jobs.train} | {j[0] for j in jobs.evaluate}
+    models = [m for m in config["models"] if m in present]  # the config's order (small to large in paper.yaml)
     per_model = {}
     for model in models:
         pb = _params_b(config, model, params)
