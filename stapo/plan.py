@@ -242,7 +242,8 @@ def estimate(jobs: Jobs, config: dict, tp: Throughputs, *, prompt_tokens: float 
     """Per-model and per-stage GPU-hours of the study (None where a throughput was not given)."""
     params = params or {}
     full = set((config.get("workflow") or {}).get("checkpoints") or ["final"])
-    models = sorted({m for m, _ in jobs.train} | {j[0] for j in jobs.evaluate})
+    present = {m for m, _ in jobs.train} | {j[0] for j in jobs.evaluate}
+    models = [m for m in config["models"] if m in present]  # the config's order (small to large in paper.yaml)
     per_model = {}
     for model in models:
         pb = _params_b(config, model, params)
@@ -278,7 +279,8 @@ def _fmt(hours: float | None) -> str:
 
 def format_plan(plan: dict) -> str:
     """The human-readable table ``stapo plan`` prints."""
-    lines = ["jobs: " + ", ".join(f"{k} {v}" for k, v in plan["jobs"].items()) + f" (total {sum(plan['jobs'].values())})",
+    counts = ", ".join(f"{k} {v}" for k, v in plan["jobs"].items())
+    lines = [f"jobs: {counts} (total {sum(plan['jobs'].values())})",
              "", f"{'model':<20} {'stage':<16} {'jobs':>6} {'GPUs/job':>8} {'GPU-h':>12} {'wall-h/job':>11}"]
     for model, m in plan["models"].items():
         per_run = [h for h in m["train_gpu_hours_per_run"].values() if h is not None]

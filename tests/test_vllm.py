@@ -2,6 +2,7 @@
 
 - ``stapo eval`` through lm-eval's vllm backend (summary written, backend recorded);
 - ``stapo train`` with TRL colocate rollouts for 2 optimiser steps (metrics, checkpoint, final);
+- benchmarks/gpu_check.py rehearsed at toy size (``--cpu-smoke``);
 - TRL's weight sync to the colocated engine: after an optimiser step the engine's greedy tokens equal HF greedy
   on the updated policy (and differ from the pre-step policy's, so the check can fail).
 
@@ -132,3 +133,23 @@ def test_weight_sync_to_colocated_engine(tmp_path, monkeypatch):
     after_hf = _hf_greedy(trainer.model, prompts, n)
     assert after_hf != before_hf, "the optimiser step did not change the greedy tokens; the check would be vacuous"
     assert _engine_greedy(llm, prompts, n) == after_hf
+
+
+def test_gpu_check_cpu_rehearsal(tmp_path):
+    """benchmarks/gpu_check.py end to end at toy size (--cpu-smoke): the workers, timing, summary, throughputs
+    file and the stapo plan it runs; only the model build and the CUDA calls differ on a GPU."""
+    out = tmp_path / "gc"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu-smoke", "--out", str(out), "--steps", "2",
+         "--prompts", "1", "--micro-batch", "4", "--completion-length", "16", "--eval-problems", "2",
+         "--eval-samples", "2"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    tp = yaml.safe_load((out / "throughputs.yaml").read_text())
+    assert tp["gpu"] == "cpu (smoke)" and tp["reference_params_b"] == 0.02
+    assert all(tp[k] > 0 for k in ("rollout_tokens_per_s", "train_tokens_per_s", "eval_tokens_per_s"))
+    result = json.loads((out / "gpu_check.json").read_text())
+    assert set(result["methods"]) == {"justrl", "stapo"}
+    assert all(0 < m["response_tokens_mean"] <= 16 and m["completions"] == 8 for m in result["methods"].values())
+    assert result["eval"]["samples"] == 4
+    assert "step time stapo / justrl = " in proc.stdout
+    assert "jobs: train 12, evaluate 1968, report 1 (total 1981)" in proc.stdout  # stapo plan on paper.yaml

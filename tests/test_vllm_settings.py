@@ -46,7 +46,8 @@ def test_trl_kwargs_off_and_bad_keys():
     assert V.trl_vllm_kwargs(settings(use_vllm=False), "cpu") == {"use_vllm": False}  # no vLLM check either
     with pytest.raises(ValueError, match=r"train\.vllm: unknown key\(s\) \['gpu_mem'\]"):
         V.trl_vllm_kwargs(settings(vllm={"gpu_mem": 0.3}), "cpu", check=False)
-    with pytest.raises(ValueError, match=r"train\.vllm_gpu_memory_utilization: must be a fraction in \(0, 1\], got 1.5"):
+    with pytest.raises(ValueError, match=r"train\.vllm_gpu_memory_utilization: must be a fraction in \(0, 1\], "
+                                         r"got 1.5"):
         V.trl_vllm_kwargs(settings(vllm_gpu_memory_utilization=1.5), "cuda", check=False)
     with pytest.raises(ValueError, match="train.vllm: must be a mapping"):
         V.trl_vllm_kwargs(settings(vllm=[1]), "cuda", check=False)
@@ -128,9 +129,10 @@ def _fake_vllm(tmp_path: Path, monkeypatch, body: str = "", version: str | None 
         dist.mkdir()
         (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    # setitem records vllm's absence, so undo drops the fake module the test imports (else later tests see it)
+    # setitem then delitem: the fake module the test imports is dropped again afterwards (a bare delitem of an
+    # absent key records nothing to undo, and the fake would leak into later tests)
     monkeypatch.setitem(sys.modules, "vllm", None)
-    del sys.modules["vllm"]
+    monkeypatch.delitem(sys.modules, "vllm")
     importlib.invalidate_caches()
 
 
@@ -145,7 +147,8 @@ def test_missing_vllm_names_the_install(monkeypatch):
 def test_broken_vllm_names_the_torchvision_fix(tmp_path, monkeypatch):
     _fake_vllm(tmp_path, monkeypatch, body="raise ImportError('libcudart.so.12: cannot open shared object')\n",
                version="0.32.0+cpu")
-    with pytest.raises(V.VllmUnavailable, match=r"fails to import \(ImportError: libcudart.*pip uninstall -y torchvision"):
+    with pytest.raises(V.VllmUnavailable,
+                       match=r"fails to import \(ImportError: libcudart.*pip uninstall -y torchvision"):
         V.require_vllm("cpu")
 
 
