@@ -16,7 +16,16 @@ for every variant, and stapo's mini-batch thresholds (quantile_scope: mini_batch
 
     python benchmarks/bench_trainer.py [--rounds 3] [--steps 4] [--model bundled:tiny-qwen3]
 
-Measured 2026-12-02, 2 CPU cores shared with two other jobs (load average ~5), --rounds 2 --steps 3
+Measured 2026-12-02 after the step-unit / mini-batch-scope change (a timed step = one rollout batch and its 2
+updates; stapo with quantile_scope mini_batch), quiet machine (load ~1), --rounds 3 --steps 3 --variants
+trl-dapo,stapo-justrl,stapo-stapo (6 timed training steps each; step times spread ±10 % between trials):
+    variant        median step s  ratio  peak RSS MB  ratio
+    trl-dapo              20.383  1.000         1247  1.000
+    stapo-justrl          20.194  0.991         1222  0.981
+    stapo-stapo           19.799  0.971         1224  0.982
+
+Earlier (one optimiser step per rollout, micro-batch scope), 2 CPU cores shared with two other jobs (load average
+~5), --rounds 2 --steps 3
 (4 timed steps per variant; noisy):
     variant        median step s  ratio  peak RSS MB  ratio
     trl-dapo              33.781  1.000         1254  1.000
