@@ -33,6 +33,12 @@ stuck in C; all answers to one gold dispatched to one worker), quiet machine (lo
     grade() 87.6 answers/s vs sequential grade_one 46.1 answers/s: speed-up 1.90x (target met); vs plain
     math-verify defaults (42.8 answers/s) 2.05x. CPU: 86.2 s pooled vs 86.3 s sequential (the pool adds none).
     Adversarial: 51.4 s (budget 135 s), 25 ok / 20 timeout / 5 unparsable / 0 error; /tmp/pwned never created.
+After the strict final-box grading (issue 11: every answer gets the strict and the fallback verdict in one pass)
+and the shipped benchmark files, quiet machine (load average ~1.6), two runs of the default command:
+    grade() 139.6 / 139.4 answers/s vs sequential grade_one 84.7 / 82.7 answers/s: speed-up 1.65x / 1.69x
+    (target 1.8x NOT met); vs plain math-verify defaults (79.2 / 66.1 answers/s) 1.76x / 2.11x. Both paths got
+    faster (sequential 46 -> 84 answers/s), so the pool's fixed per-call cost weighs more. CPU: 51.6 s pooled vs
+    47.2 s sequential. Adversarial: 50.5 s (budget 135 s), 27 ok / 18 timeout / 5 unparsable / 0 error.
 """
 
 from __future__ import annotations
