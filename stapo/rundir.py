@@ -249,12 +249,15 @@ def config_changes(started: dict, now: dict, *, last_step: int = 0) -> list[str]
     under a constant LR schedule (the schedule does not depend on it) when no checkpoint lies past the new value.
     """
     a, b = _flat(started), _flat(now)
+    # train.* counts rollout steps, trl.* (and last_step, a checkpoint number) optimiser steps: compare like units
+    bookkeeping = {f"train.{k}" for k in BOOKKEEPING} | {"trl.save_steps"}
+    new_max = b.get("trl.max_steps", b.get("train.max_steps"))
     changes = []
     for key in sorted(set(a) | set(b)):
-        if a.get(key) == b.get(key) or key in {f"train.{k}" for k in BOOKKEEPING}:
+        if a.get(key) == b.get(key) or key in bookkeeping:
             continue
-        if (key == "train.max_steps" and b.get("train.lr_scheduler_type") in CONSTANT_LR
-                and isinstance(b[key], int) and b[key] >= last_step):
+        if (key in ("train.max_steps", "trl.max_steps") and b.get("train.lr_scheduler_type") in CONSTANT_LR
+                and isinstance(new_max, int) and new_max >= last_step):
             continue
         changes.append(f"{key}: {a.get(key, '<absent>')!r} (run) -> {b.get(key, '<absent>')!r} (now)")
     return changes

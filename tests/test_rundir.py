@@ -234,6 +234,19 @@ def test_which_changes_mix_two_configs():
     assert rundir.config_changes(a, {**a, "model": {"spec": "n"}}) == ["model.spec: 'm' (run) -> 'n' (now)"]
 
 
+def test_max_steps_changes_compare_optimiser_steps_with_the_checkpoints():
+    """train.max_steps / save_steps count rollout steps, trl.* and checkpoint numbers optimiser steps (k = 4)."""
+    def cfg(max_steps, save_steps):
+        return {"train": {"max_steps": max_steps, "save_steps": save_steps, "lr_scheduler_type": "constant_with_warmup"},
+                "trl": {"max_steps": 4 * max_steps, "save_steps": 4 * save_steps, "optimizer_steps_per_rollout": 4}}
+
+    started = cfg(10, 2)  # checkpoint-40 is rollout step 10
+    assert rundir.config_changes(started, cfg(20, 5), last_step=40) == []  # longer run, other save interval
+    assert rundir.config_changes(started, cfg(12, 2), last_step=40) == []  # 48 optimiser steps >= checkpoint-40
+    assert rundir.config_changes(started, cfg(5, 2), last_step=40) == [  # checkpoint-40 lies past the new end
+        "train.max_steps: 10 (run) -> 5 (now)", "trl.max_steps: 40 (run) -> 20 (now)"]
+
+
 def test_cli_reports_a_mismatch_in_one_line(tmp_path, capsys, monkeypatch, no_training):
     recipe = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     recipe["train"].update(max_steps=4, learning_rate=2e-5)
