@@ -26,6 +26,7 @@ from torch import Tensor
 
 from stapo.atomic import append_line
 from stapo.objectives import candidate_mask, quantile, silence_mask
+from stapo.schedule import rollout_step
 
 __all__ = [
     "QUADRANTS",
@@ -261,7 +262,7 @@ class TokenDiagnostics:
         w, self._window, self._active, self._hidden = self._window, None, False, None
         if w is None:
             return None
-        row: dict = {"step": step, "rollout_step": -(-step // self.steps_per_rollout)}
+        row: dict = {"step": step, "rollout_step": rollout_step(step, self.steps_per_rollout)}
         for name in QUADRANTS:
             n = w["counts"].get(name, 0.0)
             row[f"quadrant/{name}_count"] = n

@@ -165,9 +165,7 @@ def _validate_settings(s: TrainSettings) -> None:
         value = getattr(s, key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"train.{key}: must be a positive integer, got {value!r}")
-    if s.prompts_per_generation % s.prompts_per_step:
-        raise ValueError(f"train.prompts_per_generation ({s.prompts_per_generation}) must be a multiple of "
-                         f"train.prompts_per_step ({s.prompts_per_step})")
+    optimizer_steps_per_rollout(s)  # prompts_per_generation must be a multiple of prompts_per_step
     if s.reward not in REWARDS:
         raise ValueError(f"train.reward: unknown reward {s.reward!r}; expected one of {sorted(REWARDS)}")
     if not 0.0 < s.temperature or not 0.0 < s.top_p <= 1.0:
@@ -307,7 +305,7 @@ class StapoGRPOTrainer(GRPOTrainer):
             k = optimizer_steps_per_rollout(self.settings)
             scheduler = get_scheduler(self.args.lr_scheduler_type, optimizer=optimizer or self.optimizer,
                                       num_warmup_steps=self.settings.warmup_steps,
-                                      num_training_steps=-(-num_training_steps // k),
+                                      num_training_steps=rollout_step(num_training_steps, k),
                                       scheduler_specific_kwargs=self.args.lr_scheduler_kwargs)
             if not hasattr(scheduler, "lr_lambdas"):
                 raise ValueError(f"train.lr_scheduler_type: {self.args.lr_scheduler_type!r} is not a per-step "
