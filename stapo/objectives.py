@@ -243,10 +243,13 @@ def step_thresholds(
         out["entropy_cut"] = _quantile_or_nan(_gather_across_ranks(h[m]), 1.0 - cfg.top_entropy_ratio)
     elif cfg.token_mask.startswith("s2t"):
         cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=m, tau_p=cfg.tau_p)
-        pool = _gather_across_ranks(h[cand])
-        out["tau_h"] = _quantile_or_nan(pool, cfg.entropy_quantile)
-        out["tau_h_high"] = _quantile_or_nan(pool, 1.0 - cfg.entropy_quantile)
+        return _s2t_thresholds(_gather_across_ranks(h[cand]), cfg.entropy_quantile)
     return Thresholds(**out)
+
+
+def _s2t_thresholds(pool: Tensor, q: float) -> Thresholds:
+    """S2T's τ_h (q-quantile) and stapo_high's (1 − q)-quantile of the candidates' entropies ``pool`` [N]."""
+    return Thresholds(tau_h=_quantile_or_nan(pool, q), tau_h_high=_quantile_or_nan(pool, 1.0 - q))
 
 
 def high_entropy_mask(*, entropies: Tensor, completion_mask: Tensor, ratio: float, cut: float | None = None) -> Tensor:
@@ -309,11 +312,8 @@ def ablation_silence_mask(
     if variant == "full":
         return cand
     h = entropies.detach().float()
-    if thresholds is None:
-        pool = _gather_across_ranks(h[cand])
-        if pool.numel() == 0:
-            return torch.zeros_like(cand)
-        thresholds = Thresholds(tau_h=float(quantile(pool, q)), tau_h_high=float(quantile(pool, 1.0 - q)))
+    if thresholds is None:  # no candidates anywhere: NaN thresholds, nothing is silenced
+        thresholds = _s2t_thresholds(_gather_across_ranks(h[cand]), q)
     if variant == "high":
         return cand & (h > thresholds.tau_h_high)
     if variant == "random":
