@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from stapo.objectives import METHODS, policy_loss
+from stapo.objectives import policy_loss
+from stapo.study import OBJECTIVES
 from stapo.tokenstats import naive_token_stats, token_stats
 
 
@@ -62,7 +63,7 @@ def _step(method, logits, labels, old, advantages, mask, shape, stats_fn):
     s = stats_fn(x, labels)
     logps = s.logps.view(shape)
     loss, _ = policy_loss(
-        METHODS[method], logps=logps, old_logps=logps.detach() + old, advantages=advantages,
+        OBJECTIVES[method], logps=logps, old_logps=logps.detach() + old, advantages=advantages,
         entropies=s.entropies.view(shape), completion_mask=mask,
     )
     loss.backward()

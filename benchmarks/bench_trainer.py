@@ -63,18 +63,19 @@ def worker(variant: str, steps: int, model: str) -> dict:
     from transformers import TrainerCallback
 
     import stapo.trainer as T
+    from stapo import study
     from stapo.rewards import REWARDS
 
     torch.set_num_threads(1)
     REWARDS["coin"] = coin
-    recipe = T.load_recipe(os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.yaml"))
+    recipe = study.load(os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.yaml"))
     recipe["models"]["bench"] = {"spec": model}
     recipe["train"].update(dataset={"name": "synthetic-arith", "n": 64, "difficulty": 1, "seed": 0}, reward="coin",
                            max_steps=steps, save_steps=10_000, warmup_steps=0, prompts_per_generation=8,
                            num_generations=4, prompts_per_step=4, per_device_train_batch_size=8,
                            max_completion_length=16, diagnostics_every=1 if variant == "stapo-diag" else 0)
     method = "justrl" if variant in ("trl-dapo", "stapo-justrl") else "stapo"
-    plan = T.resolve_plan(recipe, "bench", method)
+    plan = study.resolve_plan(recipe, "bench", method)
 
     times: list[float] = []
 

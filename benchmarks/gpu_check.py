@@ -184,14 +184,14 @@ def build_recipe(args: argparse.Namespace, model_dir: str) -> dict:
 
 def resolved_plans(recipe: dict, methods: list[str]) -> dict:
     """What each training worker will run: the validated plan, TRL batch mapping and vLLM engine settings."""
-    import stapo.trainer as T
+    from stapo import study
     from stapo.vllm_settings import trl_vllm_kwargs
 
     register_coin()
     out = {}
     for method in methods:
-        plan = T.resolve_plan(recipe, MODEL_KEY, method)
-        grad_accum, per_generation = T.accumulation(plan.settings, 1)
+        plan = study.resolve_plan(recipe, MODEL_KEY, method)
+        grad_accum, per_generation = study.accumulation(plan.settings, 1)
         out[method] = {"objective": plan.objective.method, "gradient_accumulation_steps": grad_accum,
                        "steps_per_generation": per_generation,
                        "completions_per_step": plan.settings.prompts_per_step * plan.settings.num_generations,
@@ -224,10 +224,11 @@ def train_worker(args: argparse.Namespace) -> dict:
     import yaml
 
     import stapo.trainer as T
+    from stapo import study
 
     register_coin()
     out = Path(args.out)
-    plan = T.resolve_plan(yaml.safe_load((out / "recipe.yaml").read_text()), MODEL_KEY, args.method)
+    plan = study.resolve_plan(yaml.safe_load((out / "recipe.yaml").read_text()), MODEL_KEY, args.method)
     run = out / f"train-{args.method}"
     run.mkdir(parents=True, exist_ok=True)
     (run / "metrics.jsonl").unlink(missing_ok=True)

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _precheck(argv: list[str]) -> None:
-    """stapo train: check the recipe's YAML and schema before the trainer's imports (torch, TRL: seconds)."""
+    """stapo train: validate the study and the (model, method) run before the trainer's imports (torch, TRL: seconds)."""
     if not argv or argv[0] != "train":
         return
     pre = argparse.ArgumentParser(add_help=False)
@@ -50,11 +50,11 @@ def _precheck(argv: list[str]) -> None:
         pre.add_argument(flag)
     known = pre.parse_known_args(argv[1:])[0]
     if known.recipe:
-        from stapo.study import TRAIN_SECTIONS, check_keys, check_schema, load
+        from stapo import study
 
-        recipe = load(known.recipe)
-        check_schema(recipe, source=known.recipe, required=TRAIN_SECTIONS)
-        check_keys(recipe, known.model, known.method, source=known.recipe)
+        recipe = study.read(known.recipe, required=study.TRAIN_SECTIONS, check_runs=False)
+        if known.model and known.method:
+            recipe.plan(known.model, known.method)
 
 
 def _run(argv: list[str]) -> int:

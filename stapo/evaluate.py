@@ -46,28 +46,15 @@ from pathlib import Path
 import numpy as np
 
 from stapo.atomic import atomic_write, atomic_write_json
-from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS, SETTINGS, TASKS_DIR, get_benchmark, task_name
+from stapo import study
+from stapo.study.evaluation import BACKENDS, EvalSection
+from stapo.tasks.registry import BENCHMARKS, SETTINGS, TASKS_DIR, task_name
 
-__all__ = ["add_arguments", "run", "EvalConfig", "EvalInputError", "load_eval_config", "avg_at_n", "pass_at_k",
+__all__ = ["add_arguments", "run", "EvalConfig", "EvalInputError", "load_eval_section", "avg_at_n", "pass_at_k",
            "maj_at_n", "bootstrap_ci", "summarize", "ResumableLM", "CHUNK_REQUESTS", "model_fingerprint", "preflight"]
 
 log = logging.getLogger("stapo.eval")
 
-# Paper defaults for the recipe's `eval` section (contract); the recipe overrides any of them.
-EVAL_DEFAULTS = {
-    "backend": "vllm",
-    "data_dir": None,
-    "max_new_tokens": 20480,
-    "limit": None,
-    "benchmarks": {name: {"samples": b.samples} for name, b in BENCHMARKS.items()},
-    "settings": SETTINGS,
-    "hf": {"batch_size": 8, "dtype": "float32"},  # CPU
-    "vllm": {},  # lm-eval vllm model args over the device's defaults (stapo.vllm_settings.eval_engine_args)
-    "verifier": None,  # LLM-verifier stage, e.g. {model: opencompass/CompassVerifier-3B} (stapo/verifier.py)
-}
-# Keys of one eval.benchmarks.<name> entry: samples = N; limit / max_new_tokens override the section-wide values;
-# n / seed / difficulty configure the synthetic arith benchmark (stapo.data.synthetic_arith_rows).
-BENCHMARK_KEYS = {"samples", "limit", "max_new_tokens", *ARITH_DEFAULTS}
 MAX_PROMPT_TOKENS = 1024  # paper: max prompt length 1k
 CHUNK_REQUESTS = {"hf": 16, "vllm": 2048}  # requests generated between two cache commits
 BOOTSTRAP_ITERS = 10_000
@@ -111,61 +98,43 @@ class EvalConfig:
         return kwargs
 
 
-def _merge(base: dict, over: dict, where: str) -> dict:
-    out = dict(base)
-    for key, value in (over or {}).items():
-        if isinstance(out.get(key), dict) and isinstance(value, dict):
-            out[key] = _merge(out[key], value, f"{where}.{key}")
-        else:
-            out[key] = value
-    return out
+def load_eval_section(recipe: str | Path | None) -> EvalSection:
+    """The recipe's ``eval`` section over the paper defaults (stapo.study.evaluation); StudyError naming the file.
 
-
-def load_eval_config(recipe: str | Path | None) -> dict:
-    """The recipe's ``eval`` section merged over the paper defaults (other sections are ignored)."""
+    Any study file will do (configs/paper.yaml, a workflow job's results/recipes/<digest>.yaml): its whole structure
+    is checked, and only ``eval`` is used.
+    """
     if recipe is None:
-        return json.loads(json.dumps(EVAL_DEFAULTS))
-    import yaml
-
-    path = Path(recipe)
-    if not path.exists():
-        raise FileNotFoundError(f"--recipe: {path} not found")
-    doc = yaml.safe_load(path.read_text()) or {}
-    section = doc.get("eval") or {}
-    if not isinstance(section, dict):
-        raise ValueError(f"{path}: 'eval' must be a mapping, got {type(section).__name__}")
-    unknown = set(section) - set(EVAL_DEFAULTS)
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) in 'eval': {sorted(unknown)}; expected {sorted(EVAL_DEFAULTS)}")
-    return _merge(EVAL_DEFAULTS, section, "eval")
+        return EvalSection()
+    return study.read(recipe, required=("eval",), check_runs=False).eval
 
 
 def resolve_config(args: argparse.Namespace) -> EvalConfig:
     """Recipe values, overridden by the command line; unknown benchmark/setting names raise naming the key."""
-    cfg = load_eval_config(args.recipe)
-    get_benchmark(args.benchmark)
-    bench = cfg["benchmarks"].get(args.benchmark) or {}
-    if args.setting not in cfg["settings"]:
-        raise KeyError(f"--setting: unknown setting {args.setting!r}; expected one of {sorted(cfg['settings'])}")
-    setting = cfg["settings"][args.setting]
-    backend = args.backend or cfg["backend"]
-    if backend not in ("hf", "vllm"):
-        raise ValueError(f"--backend: {backend!r}; expected hf or vllm")
-    unknown = set(bench) - BENCHMARK_KEYS
-    if unknown:
-        raise ValueError(f"eval.benchmarks.{args.benchmark}: unknown key(s) {sorted(unknown)}; "
-                         f"expected {sorted(BENCHMARK_KEYS)}")
+    section = load_eval_section(args.recipe)
+    if args.benchmark not in BENCHMARKS:
+        raise study.StudyError(f"--benchmark: unknown benchmark {args.benchmark!r}; expected one of "
+                               f"{sorted(BENCHMARKS)}")
+    try:
+        setting = section.setting(args.setting)
+    except KeyError:
+        raise study.StudyError(f"--setting: unknown setting {args.setting!r}; expected one of "
+                               f"{sorted(set(section.settings) | set(SETTINGS))}") from None
+    bench = section.benchmark(args.benchmark)
+    backend = args.backend or section.backend
+    if backend not in BACKENDS:
+        raise study.StudyError(f"--backend: {backend!r}; expected one of {list(BACKENDS)}")
     pick = lambda cli, rec: rec if cli is None else cli  # noqa: E731
+    first = lambda *values: next((v for v in values if v is not None), None)  # noqa: E731
     return EvalConfig(
         benchmark=args.benchmark, setting=args.setting,
         temperature=float(setting["temperature"]), top_p=float(setting["top_p"]),
-        max_new_tokens=int(pick(args.max_new_tokens, bench.get("max_new_tokens", cfg["max_new_tokens"]))),
-        n=int(pick(args.samples, bench.get("samples", BENCHMARKS[args.benchmark].samples))),
-        backend=backend, limit=pick(args.limit, bench.get("limit", cfg["limit"])),
-        data_dir=pick(args.data_dir, cfg["data_dir"]),
-        seed=int(args.seed), backend_args=dict(cfg.get(backend) or {}),
-        arith={k: bench[k] for k in ARITH_DEFAULTS if k in bench},
-        verifier=cfg.get("verifier") or None,
+        max_new_tokens=int(pick(args.max_new_tokens, first(bench.max_new_tokens, section.max_new_tokens))),
+        n=int(pick(args.samples, section.samples(args.benchmark))),
+        backend=backend, limit=pick(args.limit, first(bench.limit, section.limit)),
+        data_dir=pick(args.data_dir, section.data_dir),
+        seed=int(args.seed), backend_args=dict(getattr(section, backend) or {}),
+        arith=bench.arith, verifier=section.verifier,
     )
 
 
@@ -213,16 +182,10 @@ def preflight(cfg: EvalConfig, out: Path) -> "_Store":
 
     Raises EvalInputError (one line naming the file): missing data dir or benchmark file, a row without
     ``answer`` (or id/problem), an empty file, invalid JSON, an unwritable ``--out``, a cache file that is not a
-    sqlite database, bad ``eval.verifier`` keys.
+    sqlite database. (The recipe itself, ``eval.verifier`` included, was checked by ``resolve_config``.)
     """
-    from stapo.verifier import check_verifier_config
-
     _check_benchmark_data(cfg)
     _check_writable(out)
-    try:
-        check_verifier_config(cfg.verifier)
-    except ValueError as err:
-        raise EvalInputError(str(err)) from None
     cache = cache_path(out)
     try:
         return _Store(cache)

@@ -379,24 +379,46 @@ def grade(completions: list[str], golds: list[str], *, timeout: float = 5.0, wor
     ``strict=True``: ``Grade.correct`` is the final-box verdict (reported accuracy, ``stapo eval``); the default
     ``False`` keeps the lenient fallback as ``correct`` (the ``math_verify`` training reward). Both verdicts are in
     every Grade either way (one grading pass).
+    Identical pairs (same final box, or same tail without one, and same gold) are graded once (``_unique_jobs``).
     """
     if len(completions) != len(golds):
         raise ValueError(f"grade: {len(completions)} completions but {len(golds)} golds")
     if not completions:
         return []
-    n_workers = max(1, min(workers or default_workers(), len(completions)))
+    parts, unique_golds, first_of = _unique_jobs(completions, golds)
+    n_workers = max(1, min(workers or default_workers(), len(parts)))
     ctx = _context()
-    results: list[dict | None] = [None] * len(completions)
+    results: list[dict | None] = [None] * len(parts)
     with _POOL_LOCK:
         pool = _take_workers(ctx, n_workers)
         try:
-            _run_pool(pool, ctx, completions, golds, timeout, results)
+            _run_pool(pool, ctx, parts, unique_golds, timeout, results)
         finally:
             for w in pool:
                 if w.jobs:  # interrupted mid-batch: its late answers must not reach the next call
                     w.kill()
             _POOL[:] = [w for w in pool if not w.jobs] + _POOL[n_workers:]
-    return [_choose(r, strict) for r in results]  # type: ignore[arg-type]
+    return [_choose(results[j], strict) for j in first_of]  # type: ignore[arg-type]
+
+
+def _unique_jobs(completions, golds) -> tuple[list[tuple], list[str], list[int]]:
+    """The distinct grading jobs: (their parts, their golds, and for each pair the index of its job).
+
+    A verdict depends only on the final box (or, without a usable one, the tail the fallback reads) and the gold,
+    so identical pairs are graded once: avg@N's samples of one problem often end in the same box.
+    """
+    index: dict[tuple, int] = {}
+    parts, unique_golds, first_of = [], [], []
+    for completion, gold in zip(completions, golds):
+        box, tail = _parts(str(completion))
+        usable = box is not None and box != _TOO_LONG_MARK
+        key = (box, None if usable else tail, str(gold))
+        j = index.setdefault(key, len(parts))
+        if j == len(parts):
+            parts.append((box, tail))
+            unique_golds.append(str(gold))
+        first_of.append(j)
+    return parts, unique_golds, first_of
 
 
 def _gold_queues(golds, n: int) -> list[deque]:
@@ -419,7 +441,7 @@ def _next_job(queues: list[deque], k: int) -> int | None:
     return longest.pop() if longest else None
 
 
-def _run_pool(pool, ctx, completions, golds, timeout, results) -> None:
+def _run_pool(pool, ctx, parts, golds, timeout, results) -> None:
     """Dispatch loop: keep every worker's queue filled, collect answers, kill and replace workers past a deadline.
 
     Work is dispatched from per-worker queues (``_gold_queues``, ``_next_job``).
@@ -431,7 +453,7 @@ def _run_pool(pool, ctx, completions, golds, timeout, results) -> None:
         w = pool[k]
         if w.jobs and status is not None:
             i = w.jobs.popleft()
-            results[i] = _failed(*_parts(str(completions[i])), status)
+            results[i] = _failed(*parts[i], status)
         queues[k].extendleft(reversed(w.jobs))
         w.jobs.clear()
         w.kill()
@@ -441,7 +463,7 @@ def _run_pool(pool, ctx, completions, golds, timeout, results) -> None:
         for k in range(len(pool)):
             while len(pool[k].jobs) < PIPELINE_DEPTH and (i := _next_job(queues, k)) is not None:
                 try:
-                    pool[k].submit(i, _parts(str(completions[i])), str(golds[i]), timeout)
+                    pool[k].submit(i, parts[i], golds[i], timeout)
                 except OSError:  # the worker died: its running job is an error, the rest are retried
                     queues[k].appendleft(i)
                     fail(k, "error" if pool[k].jobs else None)

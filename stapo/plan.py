@@ -4,7 +4,7 @@ Jobs come from the workflow itself: ``snakemake --summary`` on the study's confi
 directory (so nothing of an existing study is read or touched), lists every output of the from-scratch DAG;
 train and evaluate jobs are read off their output paths (``runs/<model>/<method>/final``,
 ``scores/<model>/<method>/<ckpt>/<benchmark>/<setting>.summary.json``). The recipe is the resolved config the
-workflow resolves (first file, overlays deep-merged, schema defaults), so the estimate reads what the jobs read.
+workflow resolves (first file, overlays deep-merged; stapo.study), so the estimate reads what the jobs read.
 
 Cost model (GPU-seconds; throughputs are per GPU and, unless given per model, measured on a reference model of
 ``reference_params_b`` billion parameters and scaled by reference / model parameters, as FLOPs per token are):
@@ -27,7 +27,6 @@ measures the throughputs on one GPU and writes a file for ``--throughputs``.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from stapo.atomic import atomic_write_json
+from stapo.study import Study, load, parse
 
 __all__ = ["Jobs", "Throughputs", "MODEL_PARAMS_B", "workflow_jobs", "parse_summary", "load_throughputs",
            "estimate", "format_plan", "add_arguments", "run"]
@@ -101,8 +101,8 @@ def parse_summary(text: str) -> Jobs:
 
 
 def workflow_jobs(configfiles: list[str | Path], snakefile: str | Path = "Snakefile",
-                  target: str = "results/table.md") -> tuple[Jobs, dict]:
-    """(jobs, resolved config) of the from-scratch DAG for ``target``, built by the workflow in a scratch dir."""
+                  target: str = "results/table.md") -> tuple[Jobs, Study]:
+    """(jobs, resolved study) of the from-scratch DAG for ``target``, built by the workflow in a scratch dir."""
     snakefile = Path(snakefile).resolve()
     if not snakefile.is_file():
         raise FileNotFoundError(f"--snakefile: {snakefile} not found (run from the repository root)")
@@ -120,18 +120,15 @@ def workflow_jobs(configfiles: list[str | Path], snakefile: str | Path = "Snakef
     return parse_summary(proc.stdout), resolved_config(files)
 
 
-def resolved_config(files: list[Path]) -> dict:
+def resolved_config(files: list[Path]) -> Study:
     """The study as the workflow resolves it: the first file, later ones deep-merged over it (Snakemake's
-    ``--configfile`` semantics), schema defaults filled in."""
-    from snakemake.utils import update_config, validate
-
-    from stapo.study import SCHEMA, load
+    ``--configfile`` semantics), parsed by stapo.study."""
+    from snakemake.utils import update_config
 
     config = load(files[0])
     for extra in files[1:]:
         update_config(config, load(extra))
-    validate(config, str(SCHEMA), set_default=True)
-    return config
+    return parse(config, source=", ".join(map(str, files)))
 
 
 # ------------------------------------------------------------------------------------------------ throughputs
@@ -153,8 +150,8 @@ def load_throughputs(path: str | Path | None = None, **overrides) -> Throughputs
     return Throughputs(**data)
 
 
-def _params_b(config: dict, model: str, params: dict) -> float:
-    spec = str(config["models"][model]["spec"])
+def _params_b(study: Study, model: str, params: dict) -> float:
+    spec = str(study.models[model].spec)
     value = params.get(model, MODEL_PARAMS_B.get(spec, MODEL_PARAMS_B.get(spec.partition("?")[0])))
     if value is None:
         raise ValueError(f"models.{model}: parameter count of {spec!r} unknown; give --params {model}=BILLIONS")
@@ -177,34 +174,24 @@ def _rate(tp: Throughputs, key: str, model: str, params_b: float) -> float | Non
 # --------------------------------------------------------------------------------------------------- estimate
 
 
-def _kl(config: dict, method: str) -> bool:
-    from stapo.objectives import get_objective
-
-    entry = dict(config["methods"][method] or {})
-    return get_objective(entry.pop("objective", method), **entry).kl_beta > 0
-
-
-def _train_section(config: dict, model: str) -> dict:
-    return {**config["train"], **(config["models"][model].get("train") or {})}
-
-
-def train_run_seconds(config: dict, model: str, method: str, tp: Throughputs, params_b: float,
+def train_run_seconds(study: Study, model: str, method: str, tp: Throughputs, params_b: float,
                       prompt_tokens: float, response_tokens: float | None) -> float | None:
     """GPU-seconds of one training run (module docstring); None when a throughput is missing."""
-    s = _train_section(config, model)
+    plan = study.plan(model, method)
+    s = plan.settings
     rollout = _rate(tp, "rollout_tokens_per_s", model, params_b)
     update = _rate(tp, "train_tokens_per_s", model, params_b)
     if rollout is None or update is None:
         return None
-    r = s["max_completion_length"] / 3 if response_tokens is None else response_tokens
-    g = s["prompts_per_generation"] * s["num_generations"]  # completions per training step (rollout batch)
-    epochs = s.get("num_iterations", 1)
-    old_logps = s["prompts_per_generation"] // s["prompts_per_step"] * epochs > 1
-    k = 1.0 + EXTRA_FORWARD * (int(_kl(config, method)) + int(old_logps))
-    return s["max_steps"] * (g * r / rollout + g * epochs * (prompt_tokens + r) / update * k)
+    r = s.max_completion_length / 3 if response_tokens is None else response_tokens
+    g = s.prompts_per_generation * s.num_generations  # completions per training step (rollout batch)
+    epochs = s.num_iterations
+    old_logps = s.prompts_per_generation // s.prompts_per_step * epochs > 1
+    k = 1.0 + EXTRA_FORWARD * (int(plan.objective.kl_beta > 0) + int(old_logps))
+    return s.max_steps * (g * r / rollout + g * epochs * (prompt_tokens + r) / update * k)
 
 
-def eval_job_seconds(config: dict, model: str, benchmark: str, tp: Throughputs, params_b: float,
+def eval_job_seconds(study: Study, model: str, benchmark: str, tp: Throughputs, params_b: float,
                      eval_tokens: float | None) -> float | None:
     """GPU-seconds of one evaluation job: sampled tokens / eval throughput + engine start per GPU."""
     from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS
@@ -212,51 +199,49 @@ def eval_job_seconds(config: dict, model: str, benchmark: str, tp: Throughputs, 
     rate = _rate(tp, "eval_tokens_per_s", model, params_b)
     if rate is None:
         return None
-    ev = config["eval"]
-    bench = ev["benchmarks"][benchmark] or {}
-    size = bench.get("n", ARITH_DEFAULTS["n"]) if benchmark == "arith" else BENCHMARKS[benchmark].expected_rows[0]
-    limit = bench.get("limit", ev.get("limit"))
+    ev = study.eval
+    bench = ev.benchmarks[benchmark]
+    size = (bench.n or ARITH_DEFAULTS["n"]) if benchmark == "arith" else BENCHMARKS[benchmark].expected_rows[0]
+    limit = bench.limit if bench.limit is not None else ev.limit
     problems = min(size, limit) if limit else size
-    samples = bench.get("samples", BENCHMARKS[benchmark].samples)
-    cap = bench.get("max_new_tokens", ev["max_new_tokens"])
+    cap = bench.max_new_tokens or ev.max_new_tokens
     e = cap / 3 if eval_tokens is None else eval_tokens
-    return problems * samples * e / rate + tp.engine_start_s * _eval_gpus(config, model)
+    return problems * ev.samples(benchmark) * e / rate + tp.engine_start_s * _eval_gpus(study, model)
 
 
-def _gpus(config: dict, model: str) -> int:
-    return max(int(config["models"][model].get("gpus", 0)), 1)  # a CPU job counts as one device
+def _gpus(study: Study, model: str) -> int:
+    return max(study.models[model].gpus, 1)  # a CPU job counts as one device
 
 
-def _eval_gpus(config: dict, model: str) -> int:
-    entry = config["models"][model]
-    return max(int(entry.get("eval_gpus", 1 if entry.get("gpus", 0) > 0 else 0)), 1)
+def _eval_gpus(study: Study, model: str) -> int:
+    return max(study.models[model].eval_devices, 1)
 
 
 def _hours(seconds: list[float | None]) -> float | None:
     return None if any(s is None for s in seconds) else sum(seconds) / 3600
 
 
-def estimate(jobs: Jobs, config: dict, tp: Throughputs, *, prompt_tokens: float = 200.0,
+def estimate(jobs: Jobs, study: Study, tp: Throughputs, *, prompt_tokens: float = 200.0,
              response_tokens: float | None = None, eval_tokens: float | None = None,
              params: dict | None = None) -> dict:
     """Per-model and per-stage GPU-hours of the study (None where a throughput was not given)."""
     params = params or {}
-    full = set((config.get("workflow") or {}).get("checkpoints") or ["final"])
+    full = set(study.workflow.checkpoints)
     present = {m for m, _ in jobs.train} | {j[0] for j in jobs.evaluate}
-    models = [m for m in config["models"] if m in present]  # the config's order (small to large in paper.yaml)
+    models = [m for m in study.models if m in present]  # the config's order (small to large in paper.yaml)
     per_model = {}
     for model in models:
-        pb = _params_b(config, model, params)
-        runs = {method: train_run_seconds(config, model, method, tp, pb, prompt_tokens, response_tokens)
+        pb = _params_b(study, model, params)
+        runs = {method: train_run_seconds(study, model, method, tp, pb, prompt_tokens, response_tokens)
                 for m, method in jobs.train if m == model}
         kinds: dict[str, list] = {"final": [], "base": [], "curve": []}
         for m, method, ckpt, bench, _ in jobs.evaluate:
             if m == model:
                 kind = "base" if method == "base" else ("final" if ckpt in full else "curve")
-                kinds[kind].append(eval_job_seconds(config, model, bench, tp, pb, eval_tokens))
+                kinds[kind].append(eval_job_seconds(study, model, bench, tp, pb, eval_tokens))
         train_h = _hours(list(runs.values()))
         per_model[model] = {
-            "params_b": pb, "gpus_per_run": _gpus(config, model), "eval_gpus": _eval_gpus(config, model),
+            "params_b": pb, "gpus_per_run": _gpus(study, model), "eval_gpus": _eval_gpus(study, model),
             "train_runs": len(runs), "train_gpu_hours": train_h,
             "train_gpu_hours_per_run": {k: (v / 3600 if v is not None else None) for k, v in runs.items()},
             "eval_jobs": {k: len(v) for k, v in kinds.items()},
@@ -340,8 +325,8 @@ def run(args: argparse.Namespace) -> int:
     tp = load_throughputs(args.throughputs, rollout_tokens_per_s=args.rollout_tps,
                           train_tokens_per_s=args.train_tps, eval_tokens_per_s=args.eval_tps,
                           reference_params_b=args.reference_params, engine_start_s=args.engine_start)
-    jobs, config = workflow_jobs(args.configfile, args.snakefile, args.target)
-    plan = estimate(jobs, config, tp, prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens,
+    jobs, study = workflow_jobs(args.configfile, args.snakefile, args.target)
+    plan = estimate(jobs, study, tp, prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens,
                     eval_tokens=args.eval_tokens, params=_parse_params(args.params))
     print(format_plan(plan))
     if args.json:

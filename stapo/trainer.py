@@ -5,14 +5,8 @@ configured method, fed with TRL's per-token log-probs and entropies from its one
 (``_get_per_token_logps_and_entropies``; no full logits, no second pass). Generation, rewards, advantages
 (group-normalised, paper Eq. 1), reference model (GRPO's KL), vLLM and DeepSpeed are TRL's and accelerate's.
 
-Batch semantics (paper, Training Details; verl ``train_batch_size`` / ``ppo_mini_batch_size``):
-    prompts_per_generation × num_generations completions are sampled per rollout (256 × 8);
-    every prompts_per_step × num_generations of them (64 × 8) make one optimiser step, so one rollout batch
-    gives prompts_per_generation / prompts_per_step optimiser steps (4), each over fresh samples (num_iterations 1).
-In TRL terms (micro-batch = per_device_train_batch_size completions on each of W processes):
-    gradient_accumulation_steps = prompts_per_step · G / (per_device_train_batch_size · W)
-    steps_per_generation        = gradient_accumulation_steps · prompts_per_generation / prompts_per_step
-TRL shuffles the rollout batch at completion level before splitting it, so an optimiser step holds 512 random
+The run's configuration is a :class:`stapo.study.Plan` (the study's model entry, method objective and train
+section; batch semantics and their TRL mapping in stapo/study/train.py). TRL shuffles the rollout batch at completion level before splitting it, so an optimiser step holds 512 random
 completions rather than 64 whole groups; advantages are computed over the whole rollout batch first, so the loss
 is unaffected.
 
@@ -50,216 +44,36 @@ Stopping: every end-of-turn token of the tokenizer's chat template (Qwen3-Base: 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import math
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import yaml
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo.atomic import append_line
-from stapo.data import DatasetError, build_prompt, load_problems, validate_source
+from stapo.data import build_prompt, load_problems
 from stapo.diagnostics import TokenDiagnostics
 from stapo import rundir
-from stapo.models import check_spec, end_of_turn_token_ids, resolve_model
-from stapo.objectives import ObjectiveConfig, Thresholds, get_objective, policy_loss, step_thresholds
+from stapo.models import end_of_turn_token_ids, resolve_model
+from stapo.objectives import Thresholds, policy_loss, step_thresholds
 from stapo.rewards import REWARDS
 from stapo.rundir import CheckpointSentinel, latest_complete_checkpoint, process_state
 from stapo.schedule import optimizer_steps_per_rollout, per_rollout_schedule, rollout_step
+from stapo.study import ObjectiveConfig, Plan, StudyError, TrainSettings, accumulation
 from stapo.vllm_settings import trl_vllm_kwargs
 
-__all__ = ["TrainSettings", "Plan", "load_recipe", "resolve_plan", "StapoGRPOTrainer", "build_trainer", "train",
-           "latest_complete_checkpoint", "add_arguments", "run"]
+__all__ = ["StapoGRPOTrainer", "build_trainer", "train", "latest_complete_checkpoint", "add_arguments", "run"]
 
 log = logging.getLogger("stapo.trainer")
 STEP_METRICS = ("entropy_mean", "candidate_fraction", "silenced_fraction", "kept_fraction", "clip_fraction",
                 "clip_fraction_low", "clip_fraction_high", "clip_fraction_dual", "ratio_mean", "kl_mean")
-
-
-# -------------------------------------------------------------------------------------------------- recipe
-
-
-@dataclass
-class TrainSettings:
-    """The ``train`` section of a recipe: the shared RL recipe (paper, Training Details; JustRL/DAPO scripts).
-
-    Attributes:
-        dataset: training source, see stapo.data (``{name: dapo-math-17k}``, ``{name: synthetic-arith, ...}``,
-            ``{path: file.jsonl}``).
-        reward: ``dapo_strict`` (paper: JustRL's DAPO verifier, ±1), ``dapo_lenient``, ``math_verify`` (±1) or
-            ``math_verify_01`` (1/0); see stapo.rewards.
-        max_steps: training steps in the paper's unit, rollout batches (verl steps; curves run past 3,000).
-        save_steps: checkpoint every N rollout steps (paper evaluates every 20). ``checkpoint-<N>`` directories
-            are named by TRL's optimiser step: rollout step × k (stapo.schedule).
-        save_total_limit: keep only the newest N checkpoints (None = all).
-        learning_rate, warmup_steps, lr_scheduler_type: AdamW, constant 1e-6 after 10 warm-up rollout steps; the
-            schedule advances once per rollout step, as verl's.
-        weight_decay: 0.1 (JustRL script). max_grad_norm: 1.0.
-        prompts_per_generation: prompts per rollout batch (paper 256). num_generations: rollouts per prompt (8).
-        prompts_per_step: prompts per optimiser step, the PPO mini-batch (paper 64).
-        per_device_train_batch_size: completions per micro-batch per process (paper: 1 per GPU).
-        num_iterations: PPO epochs over each rollout batch (paper 1).
-        max_prompt_length: prompts longer than this (tokens) are dropped, as verl's filter_overlong_prompts (1,024).
-        max_completion_length: response budget in tokens (15,360).
-        temperature, top_p: rollout sampling (1.0, 1.0).
-        scale_rewards: TRL advantage scaling ("group": (r − mean) / std within the group, as GRPO/DAPO).
-        bf16: bf16 compute with fp32 master weights (module docstring); false on CPU.
-        gradient_checkpointing: recompute activations in the backward (GPU memory); false on CPU.
-        use_vllm, vllm_mode, vllm_gpu_memory_utilization: vLLM rollouts (colocated on GPU; off on CPU);
-            vllm_gpu_memory_utilization None = the device's default (stapo.vllm_settings: 0.5 GPU, 0.1 CPU).
-        vllm: further TRL ``vllm_*`` options, keys without the prefix (e.g. ``{enable_sleep_mode: true}``),
-            over the device defaults of stapo.vllm_settings.
-        seed: seeds model init-free RNG, sampling and the data order.
-        logging_steps: always 1 (metrics.jsonl has one line per optimiser step); kept for completeness.
-        diagnostics_every: every N optimiser steps, log the paper's token analysis (stapo.diagnostics: gradient
-            norm per probability × entropy quadrant, entropy quantiles, silenced-token examples); 0 = off.
-        diagnostics_examples: silenced-token examples written per diagnostics step.
-    """
-
-    dataset: dict = field(default_factory=lambda: {"name": "dapo-math-17k"})
-    reward: str = "dapo_strict"
-    max_steps: int = 3000
-    save_steps: int = 20
-    save_total_limit: int | None = None
-    learning_rate: float = 1e-6
-    warmup_steps: int = 10
-    lr_scheduler_type: str = "constant_with_warmup"
-    weight_decay: float = 0.1
-    max_grad_norm: float = 1.0
-    prompts_per_generation: int = 256
-    num_generations: int = 8
-    prompts_per_step: int = 64
-    per_device_train_batch_size: int = 1
-    num_iterations: int = 1
-    max_prompt_length: int = 1024
-    max_completion_length: int = 15360
-    temperature: float = 1.0
-    top_p: float = 1.0
-    scale_rewards: str = "group"
-    bf16: bool = True
-    gradient_checkpointing: bool = True
-    use_vllm: bool = True
-    vllm_mode: str = "colocate"
-    vllm_gpu_memory_utilization: float | None = None
-    vllm: dict = field(default_factory=dict)
-    seed: int = 0
-    logging_steps: int = 1
-    diagnostics_every: int = 0
-    diagnostics_examples: int = 8
-
-
-_POSITIVE = ("max_steps", "save_steps", "prompts_per_generation", "num_generations", "prompts_per_step",
-             "per_device_train_batch_size", "num_iterations", "max_prompt_length", "max_completion_length")
-
-
-def _validate_settings(s: TrainSettings) -> None:
-    for key in _POSITIVE:
-        value = getattr(s, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"train.{key}: must be a positive integer, got {value!r}")
-    optimizer_steps_per_rollout(s)  # prompts_per_generation must be a multiple of prompts_per_step
-    if s.reward not in REWARDS:
-        raise ValueError(f"train.reward: unknown reward {s.reward!r}; expected one of {sorted(REWARDS)}")
-    if not 0.0 < s.temperature or not 0.0 < s.top_p <= 1.0:
-        raise ValueError(f"train.temperature/top_p: need temperature > 0 and top_p in (0, 1], got "
-                         f"{s.temperature}, {s.top_p}")
-    if s.diagnostics_every < 0 or s.diagnostics_examples < 0:
-        raise ValueError("train.diagnostics_every and train.diagnostics_examples must be >= 0")
-    if s.learning_rate <= 0 or s.warmup_steps < 0 or s.max_grad_norm < 0 or s.weight_decay < 0:
-        raise ValueError("train.learning_rate must be > 0 and train.warmup_steps/max_grad_norm/weight_decay >= 0")
-    try:
-        validate_source(s.dataset)
-    except DatasetError as err:
-        raise ValueError(str(err)) from None
-
-
-def _settings(section: dict, where: str = "train") -> TrainSettings:
-    known = {f.name for f in dataclasses.fields(TrainSettings)}
-    unknown = sorted(set(section) - known)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(known)}")
-    settings = TrainSettings(**section)
-    _validate_settings(settings)
-    return settings
-
-
-@dataclass
-class Plan:
-    """Everything one ``stapo train`` run needs, resolved and validated (written to DIR/config.yaml)."""
-
-    model_key: str
-    model_spec: str
-    method_key: str
-    objective: ObjectiveConfig
-    settings: TrainSettings
-
-
-def load_recipe(path: str | os.PathLike) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--recipe: recipe file not found: {path}")
-    recipe = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    for key in ("models", "methods", "train"):
-        if not isinstance(recipe.get(key), dict):
-            raise ValueError(f"{path}: missing or invalid section {key!r}")
-    return recipe
-
-
-def _objective(recipe: dict, method_key: str) -> ObjectiveConfig:
-    methods = recipe["methods"]
-    if method_key not in methods:
-        raise ValueError(f"methods: unknown method {method_key!r}; the recipe defines {sorted(methods)}")
-    entry = dict(methods[method_key] or {})
-    name = entry.pop("objective", method_key)
-    known = {f.name for f in dataclasses.fields(ObjectiveConfig)} - {"method"}
-    unknown = sorted(set(entry) - known)
-    if unknown:
-        raise ValueError(f"methods.{method_key}: unknown key(s) {unknown}; expected some of {sorted(known)}")
-    try:
-        return get_objective(name, **entry)
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"methods.{method_key}.{err}") from None
-
-
-def resolve_plan(recipe: dict, model_key: str, method_key: str, *, max_steps: int | None = None,
-                 seed: int | None = None) -> Plan:
-    """Validate the recipe's models/methods/train sections for one (model, method) and resolve overrides.
-
-    A model entry may carry ``train:`` overrides (e.g. a smaller micro-batch for 14B). Fails before any
-    loading, with a message naming the bad key.
-    """
-    models = recipe["models"]
-    if model_key not in models:
-        raise ValueError(f"models: unknown model {model_key!r}; the recipe defines {sorted(models)}")
-    entry = models[model_key] or {}
-    if "spec" not in entry:
-        raise ValueError(f"models.{model_key}.spec: missing (a hub id, local directory or bundled:NAME)")
-    objective = _objective(recipe, method_key)
-    section = {**recipe["train"], **(entry.get("train") or {})}
-    if max_steps is not None:
-        section["max_steps"] = max_steps
-    if seed is not None:
-        section["seed"] = seed
-    return Plan(model_key, str(entry["spec"]), method_key, objective, _settings(section))
-
-
-def accumulation(settings: TrainSettings, num_processes: int) -> tuple[int, int]:
-    """(gradient_accumulation_steps, steps_per_generation) for TRL (see the module docstring)."""
-    per_step = settings.prompts_per_step * settings.num_generations
-    micro = settings.per_device_train_batch_size * num_processes
-    if per_step % micro:
-        raise ValueError(f"train.prompts_per_step × num_generations ({per_step}) must be a multiple of "
-                         f"train.per_device_train_batch_size × processes ({micro})")
-    grad_accum = per_step // micro
-    return grad_accum, grad_accum * (settings.prompts_per_generation // settings.prompts_per_step)
 
 
 # ------------------------------------------------------------------------------------------------- trainer
@@ -650,16 +464,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stapo.study import TRAIN_SECTIONS, StudyError, check_schema, load
+    from stapo import study
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    recipe = load(args.recipe)
-    check_schema(recipe, source=str(args.recipe), required=TRAIN_SECTIONS)
+    recipe = study.read(args.recipe, required=study.TRAIN_SECTIONS, check_runs=False)
+    plan = recipe.plan(args.model, args.method, max_steps=args.max_steps, seed=args.seed)
     try:
-        plan = resolve_plan(recipe, args.model, args.method, max_steps=args.max_steps, seed=args.seed)
-        check_spec(plan.model_spec)
         accumulation(plan.settings, process_state().num_processes)
-    except (ValueError, TypeError, OSError) as err:
+    except ValueError as err:
         raise StudyError(f"{args.recipe}: {err}") from err
     final = train(plan, args.out, restart=args.restart)
     print(f"stapo train: {plan.model_key}/{plan.method_key} done -> {final}")

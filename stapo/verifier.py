@@ -21,6 +21,8 @@ import logging
 import re
 from collections import Counter
 
+from stapo.study.evaluation import VERIFIER_DEFAULTS, VERIFIER_KEYS, check_verifier_config
+
 __all__ = ["CV_PROMPT", "VERIFIER_DEFAULTS", "VERIFIER_KEYS", "check_verifier_config", "parse_verdict",
            "verifier_prompt", "apply_verifier"]
 
@@ -65,34 +67,8 @@ CV_PROMPT = (
     "Judging the correctness of the candidate's answer:\n"
 )
 
-VERIFIER_DEFAULTS = {
-    "model": "opencompass/CompassVerifier-3B",
-    "max_new_tokens": 16,  # the reply is one letter (the card's example allows 2048 for its CoT prompt)
-    "backend_args": {},  # merged over eval.<backend> for the verifier's engine (e.g. gpu_memory_utilization)
-}
-VERIFIER_KEYS = set(VERIFIER_DEFAULTS)
 VERDICTS = ("A", "B", "C")
 _WORDS = {"CORRECT": "A", "INCORRECT": "B", "INVALID": "C"}
-
-
-def check_verifier_config(section) -> None:
-    """``eval.verifier``: None (no verifier stage) or a mapping of ``VERIFIER_KEYS`` with a model spec."""
-    if section is None:
-        return
-    if not isinstance(section, dict):
-        raise ValueError(f"eval.verifier: expected a mapping like {{model: {VERIFIER_DEFAULTS['model']}}}, "
-                         f"got {type(section).__name__}")
-    unknown = set(section) - VERIFIER_KEYS
-    if unknown:
-        raise ValueError(f"eval.verifier: unknown key(s) {sorted(unknown)}; expected some of {sorted(VERIFIER_KEYS)}")
-    model = section.get("model", VERIFIER_DEFAULTS["model"])
-    if not isinstance(model, str) or not model.strip():
-        raise ValueError(f"eval.verifier.model: expected a model id, path or bundled: spec, got {model!r}")
-    tokens = section.get("max_new_tokens", VERIFIER_DEFAULTS["max_new_tokens"])
-    if not isinstance(tokens, int) or tokens < 1:
-        raise ValueError(f"eval.verifier.max_new_tokens: expected an integer >= 1, got {tokens!r}")
-    if not isinstance(section.get("backend_args", {}), dict):
-        raise ValueError("eval.verifier.backend_args: expected a mapping (merged over eval.<backend>)")
 
 
 def parse_verdict(reply: str) -> str | None:

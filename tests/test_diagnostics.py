@@ -150,7 +150,7 @@ def test_recorder_matches_full_logits_and_writes_only_on_the_writer(tmp_path):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from stapo.diagnostics import TokenDiagnostics
-    from stapo.objectives import ObjectiveConfig
+    from stapo.study import ObjectiveConfig
 
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -203,7 +203,7 @@ def test_recorder_refuses_models_that_rescale_logits(tmp_path):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from stapo.diagnostics import TokenDiagnostics
-    from stapo.objectives import ObjectiveConfig
+    from stapo.study import ObjectiveConfig
 
     cfg = Qwen3Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=8)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from stapo import evaluate
+from stapo.study import StudyError
 from stapo.evaluate import avg_at_n, bootstrap_ci, maj_at_n, pass_at_k, resolve_config, summarize
 
 from stapo.tasks.registry import BUNDLED_DATA_DIR as DATA_DIR  # shipped with the project: nothing skips
@@ -112,18 +113,22 @@ def test_per_benchmark_limit_and_arith_keys(tmp_path):
 
 
 def test_config_errors_name_the_bad_key(tmp_path):
-    with pytest.raises(KeyError, match="t0.5"):
+    """Each is a one-line StudyError (``stapo eval`` prints it without a traceback) naming the key or file."""
+    with pytest.raises(StudyError, match="--setting: unknown setting 't0.5'"):
         resolve_config(_args(setting="t0.5"))
-    with pytest.raises(KeyError, match="gsm8k"):
+    with pytest.raises(StudyError, match="--benchmark: unknown benchmark 'gsm8k'"):
         resolve_config(_args(benchmark="gsm8k"))
     bad = tmp_path / "bad.yaml"
     bad.write_text("eval: {max_tokens: 5}\n")
-    with pytest.raises(ValueError, match="max_tokens"):
+    with pytest.raises(StudyError, match=r"bad.yaml: eval.max_tokens: unknown key"):
         resolve_config(_args(recipe=str(bad)))
     bad.write_text("eval: {benchmarks: {math500: {sample: 4}}}\n")
-    with pytest.raises(ValueError, match=r"eval.benchmarks.math500: unknown key\(s\) \['sample'\]"):
+    with pytest.raises(StudyError, match=r"bad.yaml: eval.benchmarks.math500.sample: unknown key"):
         resolve_config(_args(recipe=str(bad)))
-    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+    bad.write_text("eval: {benchmarks: {math500: {samples: 0}}}\n")
+    with pytest.raises(StudyError, match=r"eval.benchmarks.math500.samples"):
+        resolve_config(_args(recipe=str(bad)))
+    with pytest.raises(StudyError, match="nope.yaml: file not found"):
         resolve_config(_args(recipe=str(tmp_path / "nope.yaml")))
 
 
@@ -358,7 +363,7 @@ def test_bad_verifier_section_fails_before_any_model_loads(tmp_path, no_model):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("eval: {backend: hf, verifier: {model: x/y, temperature: 0}}\n")
     args = _args(benchmark="aime24", recipe=str(recipe), out=str(tmp_path / "o.jsonl"))
-    with pytest.raises(evaluate.EvalInputError, match=r"eval.verifier: unknown key\(s\) \['temperature'\]"):
+    with pytest.raises(StudyError, match=r"r.yaml: eval.verifier: unknown key\(s\) \['temperature'\]"):
         evaluate.run(args)
 
 

@@ -266,3 +266,20 @@ def test_notation_normalisation():
     assert normalize_notation("2.3E-4") == "2.3\\times10^{-4}"
     assert normalize_notation("12\\%") == "12" and normalize_notation("12 \\%") == "12"
     assert normalize_notation("e^{2x}") == "e^{2x}" and normalize_notation("x2e3") == "x2e3"  # not numbers
+
+
+def test_identical_pairs_are_graded_once_and_fanned_out_in_order():
+    from stapo.grading import _unique_jobs
+
+    same_box = ["Adding gives $\\boxed{204}$.", "Another route, same end: \\boxed{204}", "\\boxed{205}"]
+    no_box = ["... so the total is 204", "... so the total is 205"]
+    texts = same_box + no_box + [same_box[0]]
+    golds = ["204"] * 5 + ["205"]
+    parts, unique_golds, first_of = _unique_jobs(texts, golds)
+    # one job per (final box, gold); without a box the fallback's tail is part of the key
+    assert first_of == [0, 0, 1, 2, 3, 4] and unique_golds == ["204", "204", "204", "204", "205"]
+    assert parts[0] == ("204", same_box[0]) and parts[2] == (None, no_box[0])
+    graded = grade(texts, golds, strict=True)
+    assert [g.correct for g in graded] == [True, True, False, False, False, False]
+    assert [g.fallback_correct for g in graded] == [True, True, False, True, False, False]
+    assert graded[0] == graded[1] and graded[0].extracted == "204"

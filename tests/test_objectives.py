@@ -8,13 +8,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from stapo.names import MAIN_METHODS
 from stapo.objectives import (
-    MAIN_METHODS,
-    METHODS,
     ablation_silence_mask,
     candidate_mask,
-    ObjectiveConfig,
-    get_objective,
     high_entropy_mask,
     kept_mask,
     policy_loss,
@@ -23,6 +20,7 @@ from stapo.objectives import (
     step_thresholds,
     Thresholds,
 )
+from stapo.study import OBJECTIVES as METHODS, ObjectiveConfig, get_objective
 
 
 def _inputs(logps, advantages, mask, entropies=None, old_logps=None):

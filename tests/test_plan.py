@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def test_paper_job_counts_come_from_the_dag(paper):
     assert ("qwen3-8b-base", "stapo") in jobs.train
     # eval_every counts training (rollout) steps; checkpoint-N is named by optimiser step: 4 x 2980
     assert ("qwen3-8b-base", "stapo", "checkpoint-11920", "aime24", "t1.0_p1.0") in jobs.evaluate
-    assert config["train"]["max_steps"] == 3000  # the resolved config
+    assert config.plan("qwen3-8b-base", "stapo").settings.max_steps == 3000  # the resolved study
 
 
 def test_overlay_config_changes_the_dag(tmp_path):
@@ -89,8 +90,9 @@ def test_tiny_study_counts(tmp_path):
 
 def test_errors_name_the_fix(paper, tmp_path):
     jobs, config = paper
-    config = json.loads(json.dumps(config))
-    config["models"]["qwen3-8b-base"]["spec"] = "org/unknown-7b"
+    models = {**config.models, "qwen3-8b-base": dataclasses.replace(config.models["qwen3-8b-base"],
+                                                                      spec="org/unknown-7b")}
+    config = dataclasses.replace(config, models=models)
     tp = P.Throughputs(reference_params_b=1.7, rollout_tokens_per_s=1, train_tokens_per_s=1, eval_tokens_per_s=1)
     with pytest.raises(ValueError, match=r"models\.qwen3-8b-base: parameter count of 'org/unknown-7b' unknown; "
                                          r"give --params qwen3-8b-base=BILLIONS"):

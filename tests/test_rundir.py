@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 import stapo.trainer as T  # noqa: E402
-from stapo import cli, rundir  # noqa: E402
+from stapo import cli, rundir, study  # noqa: E402
 from stapo.rewards import REWARDS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,12 +59,12 @@ def metric_steps(out: Path) -> list[int]:
 
 
 def tiny_plan(**train):
-    recipe = T.load_recipe(ROOT / "configs" / "tiny.yaml")
+    recipe = study.load(ROOT / "configs" / "tiny.yaml")
     recipe["train"].update(dataset={"name": "synthetic-arith", "n": 16, "difficulty": 1, "seed": 0}, max_steps=4,
                            save_steps=2, prompts_per_generation=2, num_generations=4, prompts_per_step=2,
                            per_device_train_batch_size=4, max_completion_length=8)
     recipe["train"].update(train)
-    return T.resolve_plan(recipe, "tiny-qwen3", "stapo")
+    return study.resolve_plan(recipe, "tiny-qwen3", "stapo")
 
 
 @pytest.fixture
@@ -253,7 +253,7 @@ def test_cli_reports_a_mismatch_in_one_line(tmp_path, capsys, monkeypatch, no_tr
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     out = tmp_path / "run"
-    started(out, T.resolve_plan(recipe | {"train": {**recipe["train"], "learning_rate": 1e-5}}, "tiny-qwen3",
+    started(out, study.resolve_plan(recipe | {"train": {**recipe["train"], "learning_rate": 1e-5}}, "tiny-qwen3",
                                 "stapo"))
     fake_checkpoint(out, 2)
     rc = cli.main(["train", "--recipe", str(path), "--model", "tiny-qwen3", "--method", "stapo", "--out", str(out)])

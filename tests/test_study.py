@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import copy
+import csv
+import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stapo import cli, study
+from stapo import cli, names, study
+from stapo.models import PAPER_MODELS
+from stapo.study.evaluation import BenchmarkEntry
+from stapo.tasks import registry
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -156,8 +162,86 @@ def test_debug_env_shows_the_traceback(tmp_path, monkeypatch):
         cli.main(["train", "--recipe", str(path), "--model", MODEL, "--method", METHOD, "--out", str(tmp_path)])
 
 
-def test_shipped_studies_pass_both_layers():
-    for name in ("paper.yaml", "tiny.yaml"):
-        config = study.load(REPO / "configs" / name)
-        study.check_schema(config, source=name)
-        study.check_plans(config, list(config["models"]), list(config["methods"]), source=name)
+def test_shipped_studies_parse():
+    paper = study.read(REPO / "configs" / "paper.yaml")
+    assert list(paper.methods) == list(names.MAIN_METHODS) and paper.workflow.eval_every == 20
+    assert paper.plan("qwen3-14b-base", "stapo").settings.vllm_gpu_memory_utilization == 0.45  # model override
+    assert paper.plan("qwen3-8b-base", "stapo").settings.vllm_gpu_memory_utilization == 0.5  # the train section
+    assert paper.eval.samples("aime24") == 32 and paper.eval.samples("math500") == 4
+    tiny = study.read(REPO / "configs" / "tiny.yaml")
+    assert tiny.run_models == [MODEL] and tiny.workflow.real_benchmarks_need_data_dir is True
+
+
+def test_train_errors_come_before_torch(tmp_path):
+    """`stapo train` rejects a bad train value without importing torch (the whole study is checked first)."""
+    path = bad_file(tmp_path, _set("train.max_steps", -1))
+    code = (f"import sys; from stapo import cli; rc = cli.main(['train', '--recipe', {str(path)!r}, '--model', "
+            f"{MODEL!r}, '--method', {METHOD!r}, '--out', {str(tmp_path / 'run')!r}]); "
+            "print(rc, 'torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.stdout.split() == ["2", "False"], res.stdout + res.stderr
+    assert "train.max_steps" in res.stderr
+
+
+# -------------------------------------------------------------------- one model: schema, dataclasses, names
+
+
+SCHEMA = yaml.safe_load(study.SCHEMA.read_text())
+
+
+def _props(*path: str) -> set:
+    node = SCHEMA
+    for key in path:
+        node = node["properties"][key] if key != "*" else node["additionalProperties"]
+    return set(node["properties"])
+
+
+def _fields(cls) -> set:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def test_schema_keys_are_the_dataclass_fields():
+    assert _props() == set(study.SECTIONS)
+    assert _props("models", "*") == _fields(study.ModelEntry)
+    assert _props("methods", "*") == _fields(study.ObjectiveConfig) - {"method"} | {"objective"}
+    assert _props("eval") == _fields(study.EvalSection)
+    assert _props("eval", "benchmarks", "*") == _fields(BenchmarkEntry)
+    assert _props("workflow") == _fields(study.WorkflowSection)
+
+
+def test_schema_names_are_the_registry():
+    props = SCHEMA["properties"]
+    objectives = set(props["methods"]["additionalProperties"]["properties"]["objective"]["enum"])
+    assert objectives == set(study.OBJECTIVES) == set(names.METHODS) - {names.BASE}
+    assert props["methods"]["propertyNames"]["not"]["const"] == names.BASE
+    benchmarks = set(props["eval"]["properties"]["benchmarks"]["propertyNames"]["enum"])
+    assert benchmarks == set(names.BENCHMARKS) == set(registry.BENCHMARKS)
+    settings = set(props["eval"]["properties"]["settings"]["propertyNames"]["enum"])
+    curve = set(props["workflow"]["properties"]["curve_settings"]["items"]["enum"])
+    assert settings == curve == set(names.SETTINGS) == set(registry.SETTINGS)
+    assert set(names.MODELS) == set(PAPER_MODELS)
+
+
+def test_paper_table_keys_are_in_the_registry():
+    with open(REPO / "stapo" / "reference" / "paper_v2_table.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for column, registry_ in (("model", names.MODELS), ("method", names.METHODS), ("setting", names.SETTINGS)):
+        assert {r[column] for r in rows} == {n.paper for n in registry_.values() if n.paper}, column
+    assert {r["benchmark"] for r in rows} - {"avg"} == set(names.PAPER_BENCHMARKS)
+
+
+@pytest.mark.parametrize("cls", [study.ModelEntry, study.ObjectiveConfig, study.TrainSettings, study.EvalSection,
+                                 BenchmarkEntry, study.WorkflowSection])
+def test_every_field_is_documented(cls):
+    doc = cls.__doc__
+    missing = [f for f in _fields(cls) if not re.search(rf"\b{f}\b", doc)]
+    assert not missing, f"{cls.__name__}: undocumented fields {missing}"
+
+
+def test_eval_section_lists_what_the_study_evaluates():
+    section = study.EvalSection.from_dict({"benchmarks": {"math500": {"limit": 3}}, "hf": {"batch_size": 2}})
+    assert list(section.benchmarks) == ["math500"] and section.benchmark("math500").limit == 3
+    assert section.samples("aime24") == 32  # not listed: the paper's N
+    assert section.hf == {"batch_size": 2, "dtype": "float32"} and list(section.settings) == list(names.SETTINGS)
+    with pytest.raises(ValueError, match="eval.benchmarks.math500.samples"):
+        study.EvalSection.from_dict({"benchmarks": {"math500": {"samples": 0}}})

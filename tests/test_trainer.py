@@ -17,7 +17,7 @@ torch.set_num_threads(1)  # 2 shared cores: oversubscribed OpenMP threads make t
 from safetensors.torch import load_file  # noqa: E402
 
 import stapo.trainer as T  # noqa: E402
-from stapo import rundir  # noqa: E402
+from stapo import rundir, study  # noqa: E402
 from stapo.objectives import policy_loss  # noqa: E402
 from stapo.rewards import REWARDS  # noqa: E402
 
@@ -38,7 +38,7 @@ def coin(monkeypatch):
 
 def tiny_recipe(**train) -> dict:
     """configs/tiny.yaml scaled down to seconds per step on bundled:tiny-qwen3."""
-    recipe = T.load_recipe(ROOT / "configs" / "tiny.yaml")
+    recipe = study.load(ROOT / "configs" / "tiny.yaml")
     recipe["train"].update(
         dataset={"name": "synthetic-arith", "n": 16, "difficulty": 1, "seed": 0}, reward="coin", max_steps=2,
         save_steps=1, learning_rate=1e-3, warmup_steps=0, prompts_per_generation=2, num_generations=4,
@@ -79,62 +79,62 @@ def test_recipe_errors_name_the_key(edit, key):
     edit(recipe)
     method = "bogus" if "bogus" in recipe["methods"] else "stapo"
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-        T.resolve_plan(recipe, "tiny-qwen3", method)
+        study.resolve_plan(recipe, "tiny-qwen3", method)
 
 
 def test_unknown_method_and_model_keys():
     recipe = tiny_recipe()
-    with pytest.raises(ValueError, match="methods: unknown method 'ppo'"):
-        T.resolve_plan(recipe, "tiny-qwen3", "ppo")
-    with pytest.raises(ValueError, match="models: unknown model 'gpt2'"):
-        T.resolve_plan(recipe, "gpt2", "stapo")
+    with pytest.raises(study.StudyError, match="methods: no 'ppo'; the study defines"):
+        study.resolve_plan(recipe, "tiny-qwen3", "ppo")
+    with pytest.raises(study.StudyError, match="models: no 'gpt2'; the study defines"):
+        study.resolve_plan(recipe, "gpt2", "stapo")
 
 
 def test_paper_recipe_maps_to_trl_batches():
-    recipe = T.load_recipe(ROOT / "configs" / "paper.yaml")
+    recipe = study.load(ROOT / "configs" / "paper.yaml")
     assert set(recipe) >= {"study", "models", "methods", "train", "eval", "workflow"}
     for model in recipe["models"]:
         for method in recipe["methods"]:
-            T.resolve_plan(recipe, model, method)
-    plan = T.resolve_plan(recipe, "qwen3-8b-base", "stapo")
+            study.resolve_plan(recipe, model, method)
+    plan = study.resolve_plan(recipe, "qwen3-8b-base", "stapo")
     # 64 prompts x 8 rollouts per optimiser step over 8 GPUs x 1 completion; 4 optimiser steps per rollout batch
-    assert T.accumulation(plan.settings, 8) == (64, 256)
+    assert study.accumulation(plan.settings, 8) == (64, 256)
     assert (plan.objective.tau_p, plan.objective.entropy_quantile) == (0.002, 0.75)
     s = plan.settings
     assert (s.learning_rate, s.warmup_steps, s.weight_decay, s.max_grad_norm) == (1e-6, 10, 0.1, 1.0)
     assert (s.max_prompt_length, s.max_completion_length, s.use_vllm, s.vllm_mode) == (1024, 15360, True, "colocate")
-    grpo = T.resolve_plan(recipe, "qwen3-1.7b-base", "grpo").objective
+    grpo = study.resolve_plan(recipe, "qwen3-1.7b-base", "grpo").objective
     assert (grpo.kl_beta, grpo.eps_high) == (0.04, 0.2)
-    assert T.resolve_plan(recipe, "qwen3-1.7b-base", "justrl").objective.kl_beta == 0.0
-    assert T.resolve_plan(recipe, "qwen3-14b-base", "stapo").settings.vllm_gpu_memory_utilization == 0.45
+    assert study.resolve_plan(recipe, "qwen3-1.7b-base", "justrl").objective.kl_beta == 0.0
+    assert study.resolve_plan(recipe, "qwen3-14b-base", "stapo").settings.vllm_gpu_memory_utilization == 0.45
 
 
 def test_paper_recipe_counts_rollout_steps(tmp_path):
     """The recipe's steps are verl steps (rollout batches of 256 prompts, 4 optimiser updates each)."""
-    paper = T.load_recipe(ROOT / "configs" / "paper.yaml")
+    paper = study.load(ROOT / "configs" / "paper.yaml")
     paper["train"]["use_vllm"] = False  # no vLLM on this machine: the GPU engine settings are not the point here
-    plan = T.resolve_plan(paper, "qwen3-8b-base", "stapo")
+    plan = study.resolve_plan(paper, "qwen3-8b-base", "stapo")
     assert (plan.settings.max_steps, plan.settings.save_steps, plan.settings.warmup_steps) == (3000, 20, 10)
     cfg = T.grpo_config(plan, tmp_path, 8)
     assert (cfg.max_steps, cfg.save_steps, cfg.warmup_steps) == (12000, 80, 40)  # TRL: optimiser steps
     assert cfg.use_bias_correction_kl is False and cfg.loss_type == "dapo"
-    grpo = T.grpo_config(T.resolve_plan(paper, "qwen3-8b-base", "grpo"), tmp_path, 8)
+    grpo = T.grpo_config(study.resolve_plan(paper, "qwen3-8b-base", "grpo"), tmp_path, 8)
     assert grpo.loss_type == "grpo" and grpo.beta == 0.04 and grpo.use_bias_correction_kl is False
 
 
 def test_bf16_keeps_fp32_master_weights_without_deepspeed(tmp_path):
-    plan = T.resolve_plan(tiny_recipe(bf16=True), "tiny-qwen3", "stapo")
+    plan = study.resolve_plan(tiny_recipe(bf16=True), "tiny-qwen3", "stapo")
     plain = T.grpo_config(plan, tmp_path, 1)
     assert plain.bf16 and plain.model_init_kwargs["dtype"] == torch.float32  # autocast over fp32 parameters
     zero = T.grpo_config(plan, tmp_path, 1, deepspeed=True)
     assert zero.model_init_kwargs["dtype"] == torch.bfloat16  # the ZeRO engine keeps the fp32 master copy
-    assert T.grpo_config(T.resolve_plan(tiny_recipe(), "tiny-qwen3", "stapo"), tmp_path, 1).model_init_kwargs[
+    assert T.grpo_config(study.resolve_plan(tiny_recipe(), "tiny-qwen3", "stapo"), tmp_path, 1).model_init_kwargs[
         "dtype"] == torch.float32
 
 
 def test_lr_schedule_advances_once_per_rollout_step(tmp_path):
     """verl: constant LR with 2 warm-up rollout steps, one scheduler step per rollout batch of k = 4 updates."""
-    plan = T.resolve_plan(tiny_recipe(prompts_per_generation=8, prompts_per_step=2, warmup_steps=2, max_steps=4,
+    plan = study.resolve_plan(tiny_recipe(prompts_per_generation=8, prompts_per_step=2, warmup_steps=2, max_steps=4,
                                       learning_rate=1e-6), "tiny-qwen3", "justrl")
     trainer = T.build_trainer(plan, tmp_path)
     assert trainer.args.max_steps == 16
@@ -168,7 +168,7 @@ def _base_like_tiny_qwen3(tmp_path) -> str:
 def test_rollouts_stop_at_every_end_of_turn_token(tmp_path):
     recipe = tiny_recipe()
     recipe["models"]["base-like"] = {"spec": _base_like_tiny_qwen3(tmp_path)}
-    plan = T.resolve_plan(recipe, "base-like", "stapo")
+    plan = study.resolve_plan(recipe, "base-like", "stapo")
     trainer = T.build_trainer(plan, tmp_path / "run")
     assert trainer.processing_class.eos_token == "<|endoftext|>"
     assert set(trainer.eos_token_ids) == {151643, 151645}  # the completion mask closes at either
@@ -202,7 +202,7 @@ def _micro_batch(trainer, prompt_len: int, lengths: list[int], advantages: list[
 @pytest.mark.parametrize("method", ["stapo", "entropy20", "justrl"])
 def test_accumulated_gradient_is_the_exact_kept_token_mean(tmp_path, method):
     """Two micro-batches through the trainer == Σ_j S_j / K with K the kept tokens of both (no second pass)."""
-    plan = T.resolve_plan(tiny_recipe(reward="dapo_strict"), "tiny-qwen3", method)
+    plan = study.resolve_plan(tiny_recipe(reward="dapo_strict"), "tiny-qwen3", method)
     trainer = T.build_trainer(plan, tmp_path)
     model = trainer.model
     model.train()
@@ -244,7 +244,7 @@ def test_accumulated_gradient_is_the_exact_kept_token_mean(tmp_path, method):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["grpo", "entropy20", "justrl", "stapo"])
 def test_each_method_trains_and_writes_outputs(tmp_path, coin, method):
-    plan = T.resolve_plan(tiny_recipe(), "tiny-qwen3", method)
+    plan = study.resolve_plan(tiny_recipe(), "tiny-qwen3", method)
     final = T.train(plan, tmp_path)
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
@@ -282,7 +282,7 @@ def test_each_method_trains_and_writes_outputs(tmp_path, coin, method):
 @pytest.mark.slow
 def test_small_lr_moves_fp32_master_weights_under_bf16(tmp_path, coin):
     """bf16 without DeepSpeed: LR 1e-6 still changes the weights (bf16 parameters would round most updates away)."""
-    plan = T.resolve_plan(tiny_recipe(bf16=True, learning_rate=1e-6, max_steps=1), "tiny-qwen3", "justrl")
+    plan = study.resolve_plan(tiny_recipe(bf16=True, learning_rate=1e-6, max_steps=1), "tiny-qwen3", "justrl")
     T.train(plan, tmp_path)
     from stapo.models import resolve_model
 
@@ -315,7 +315,7 @@ def test_thresholds_are_taken_over_the_whole_optimiser_step(tmp_path, coin, monk
     seen = []
     real_loss = T.policy_loss
     monkeypatch.setattr(T, "policy_loss", lambda cfg, **kw: (seen.append(kw["thresholds"]), real_loss(cfg, **kw))[1])
-    plan = T.resolve_plan(tiny_recipe(max_steps=1, prompts_per_generation=ppg), "tiny-qwen3", method)
+    plan = study.resolve_plan(tiny_recipe(max_steps=1, prompts_per_generation=ppg), "tiny-qwen3", method)
     T.train(plan, tmp_path)
     k = ppg // 2
     assert [n for n, _ in calls] == [8] * k  # 2 prompts × 4 completions per step, in 2 micro-batches of 4
@@ -333,7 +333,7 @@ class _Kill(Exception):
 def test_resume_after_kill_gives_identical_weights(tmp_path, coin):
     from transformers import TrainerCallback
 
-    plan = T.resolve_plan(tiny_recipe(max_steps=3), "tiny-qwen3", "stapo")
+    plan = study.resolve_plan(tiny_recipe(max_steps=3), "tiny-qwen3", "stapo")
     straight = T.train(plan, tmp_path / "straight")
 
     class KillAtStep2(TrainerCallback):  # dies inside step 2, after checkpoint-1 was written
@@ -364,7 +364,7 @@ def test_resume_after_kill_gives_identical_weights(tmp_path, coin):
 @pytest.mark.slow
 def test_token_diagnostics_are_logged(tmp_path, coin):
     """train.diagnostics_every=1: quadrant counts add up to the positive tokens, quantiles ordered, examples."""
-    plan = T.resolve_plan(tiny_recipe(diagnostics_every=1, diagnostics_examples=3), "tiny-qwen3", "stapo")
+    plan = study.resolve_plan(tiny_recipe(diagnostics_every=1, diagnostics_examples=3), "tiny-qwen3", "stapo")
     T.train(plan, tmp_path)
     rows = [json.loads(x) for x in (tmp_path / "diagnostics.jsonl").read_text().splitlines()]
     metrics = read_metrics(tmp_path)

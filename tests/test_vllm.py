@@ -114,12 +114,13 @@ def _engine_greedy(llm, prompts: list[list[int]], n: int) -> list[list[int]]:
 
 def test_weight_sync_to_colocated_engine(tmp_path, monkeypatch):
     import stapo.trainer as T
+    from stapo import study
     from stapo.rewards import REWARDS
 
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", ENV["VLLM_CPU_OMP_THREADS_BIND"])
     monkeypatch.setitem(REWARDS, "coin", coin_reward)
     recipe = yaml.safe_load(vllm_recipe(tmp_path, reward="coin", learning_rate=5e-2, max_steps=1).read_text())
-    plan = T.resolve_plan(recipe, "tiny-vllm", "justrl")
+    plan = study.resolve_plan(recipe, "tiny-vllm", "justrl")
     trainer = T.build_trainer(plan, tmp_path / "run", save_strategy="no")
     tok = trainer.processing_class
     prompts = [tok(text)["input_ids"] for text in ("What is 2 + 3?", "Compute 7 * 6.", "Solve x + 1 = 4.")]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import stapo.vllm_settings as V
-from stapo.trainer import TrainSettings
+from stapo import study
+from stapo.study import TrainSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,9 +62,9 @@ def test_grpo_config_uses_device_settings(monkeypatch):
     monkeypatch.setattr(V, "device_kind", lambda: "cpu")
     monkeypatch.setattr(V, "require_vllm", lambda device, purpose: checked.append((device, purpose)))
     monkeypatch.setattr(V, "patch_trl_for_cpu", lambda dtype: checked.append(("patch", dtype)))
-    recipe = T.load_recipe(ROOT / "configs" / "tiny.yaml")
+    recipe = study.load(ROOT / "configs" / "tiny.yaml")
     recipe["train"]["use_vllm"] = True
-    plan = T.resolve_plan(recipe, "tiny-qwen3", "stapo")
+    plan = study.resolve_plan(recipe, "tiny-qwen3", "stapo")
     config = T.grpo_config(plan, Path("unused"))
     assert (config.use_vllm, config.vllm_mode, config.vllm_gpu_memory_utilization, config.vllm_max_model_length) == (
         True, "colocate", 0.1, 256 + 48)
@@ -71,10 +72,8 @@ def test_grpo_config_uses_device_settings(monkeypatch):
 
 
 def test_paper_recipe_keeps_its_gpu_split():
-    import stapo.trainer as T
-
-    recipe = T.load_recipe(ROOT / "configs" / "paper.yaml")
-    s14 = T.resolve_plan(recipe, "qwen3-14b-base", "stapo").settings
+    recipe = study.load(ROOT / "configs" / "paper.yaml")
+    s14 = study.resolve_plan(recipe, "qwen3-14b-base", "stapo").settings
     assert V.trl_vllm_kwargs(s14, "cuda", check=False)["vllm_gpu_memory_utilization"] == 0.45
 
 
@@ -262,9 +261,9 @@ def test_stages_stop_before_loading_without_vllm(monkeypatch):
     from stapo.evaluate import EvalConfig, build_lm
 
     monkeypatch.setattr(V, "device_kind", lambda: "cpu")
-    recipe = T.load_recipe(ROOT / "configs" / "tiny.yaml")
+    recipe = study.load(ROOT / "configs" / "tiny.yaml")
     recipe["train"]["use_vllm"] = True
-    plan = T.resolve_plan(recipe, "tiny-qwen3", "stapo")
+    plan = study.resolve_plan(recipe, "tiny-qwen3", "stapo")
     with pytest.raises(V.VllmUnavailable, match=r"train\.use_vllm: true needs the vllm package.*make test-vllm"):
         T.grpo_config(plan, Path("unused"))
     cfg = EvalConfig(benchmark="arith", setting="t1.0_p1.0", temperature=1.0, top_p=1.0, max_new_tokens=8, n=1,

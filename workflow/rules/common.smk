@@ -6,12 +6,11 @@ from pathlib import Path
 import json
 
 import yaml
-from snakemake.utils import validate
 
 from stapo.atomic import atomic_write
+from stapo.names import BASE, PAPER_BENCHMARKS
 from stapo.report import FIGURE_KINDS
-from stapo.schedule import optimizer_steps_per_rollout
-from stapo.study import StudyError, check_plans, check_schema
+from stapo import study as stapo_study  # not `parse` itself: the Snakefile namespace has its own
 
 # The config files that make the study: with --configfile, the first is the study and later ones overlay it
 # (Snakefile); without, configs/paper.yaml. Named in every config error.
@@ -23,25 +22,14 @@ def config_error(err):
     sys.exit(f"stapo config error: {err}")
 
 
-try:
-    check_schema(config, source=SOURCE)
-except StudyError as err:
+try:  # the whole study, as `stapo train` / `stapo eval` check it (stapo.study.parse), before any job
+    STUDY = stapo_study.parse(config, source=SOURCE)
+except stapo_study.StudyError as err:
     config_error(err)
-validate(config, workflow.source_path("../schemas/config.schema.yaml"), set_default=True)  # fills defaults
-
-WF = config.setdefault("workflow", {})
-MODELS = WF.get("models") or list(config["models"])
-for _key in MODELS:
-    if _key not in config["models"]:
-        config_error(f"{SOURCE}: workflow.models: {_key!r} is not a key of models ({', '.join(config['models'])})")
-METHODS = list(config["methods"])
-try:  # what `stapo train` checks for each job (train section, method parameters, model specs), before any job
-    check_plans(config, MODELS, METHODS, source=SOURCE)
-except StudyError as err:
-    config_error(err)
-SETTINGS = list(config["eval"]["settings"])
-BASE = "base"  # method and checkpoint key of the untrained model
-REAL_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
+WF = STUDY.workflow
+MODELS = STUDY.run_models
+METHODS = list(STUDY.methods)
+SETTINGS = list(STUDY.eval.settings)
 
 # Each job's --recipe is a content-addressed file holding exactly the config sections the job reads, written by a
 # job (study.smk), never on parse. A later dry run or run with another config plans other files and cannot change
@@ -86,25 +74,10 @@ STUDY_RECIPE = recipe_file(config)
 
 def benchmarks():
     """Benchmarks of the study; real ones are dropped when the miniature has no local data dir."""
-    names = list(config["eval"]["benchmarks"])
-    if WF.get("real_benchmarks_need_data_dir") and not config["eval"].get("data_dir"):
-        names = [b for b in names if b not in REAL_BENCHMARKS]
+    names = list(STUDY.eval.benchmarks)
+    if WF.real_benchmarks_need_data_dir and not STUDY.eval.data_dir:
+        names = [b for b in names if b not in PAPER_BENCHMARKS]
     return names
-
-
-def curve_checkpoints(model):
-    """Checkpoints at rollout steps eval_every, 2 eval_every, ... < train.max_steps (final is the curve's last
-    point). Both count rollout steps (the paper's unit); checkpoint-<N> is named by TRL's optimiser step N = k × that
-    (stapo.schedule)."""
-    every = WF.get("eval_every")
-    if not every:
-        return []
-    train = {**config["train"], **(config["models"][model].get("train") or {})}
-    k = optimizer_steps_per_rollout(train)
-    if every % int(train.get("save_steps", 1)):
-        raise ValueError(f"workflow.eval_every ({every}) must be a multiple of train.save_steps "
-                         f"({train.get('save_steps')}): only saved checkpoints can be evaluated")
-    return [f"checkpoint-{n * k}" for n in range(every, int(train["max_steps"]), every)]
 
 
 def score_file(model, method, ckpt, benchmark, setting):
@@ -113,19 +86,19 @@ def score_file(model, method, ckpt, benchmark, setting):
 
 def all_summaries():
     """One summary per (model, method, checkpoint, benchmark, setting) evaluation job of the study."""
-    full = WF.get("checkpoints", ["final"])
-    curve_bench = WF.get("curve_benchmark", "aime24")
-    curve_settings = WF.get("curve_settings") or SETTINGS
+    full = WF.checkpoints
+    curve_bench = WF.curve_benchmark
+    curve_settings = WF.curve_settings or SETTINGS
     files = []
     for model in MODELS:
         runs = [(method, ckpt) for method in METHODS for ckpt in full]
-        runs += [(BASE, BASE)] if WF.get("eval_base", True) else []
+        runs += [(BASE, BASE)] if WF.eval_base else []
         for method, ckpt in runs:
             files += [score_file(model, method, ckpt, b, s) for b in benchmarks() for s in SETTINGS]
         if curve_bench in benchmarks():
             for method in METHODS:
                 files += [score_file(model, method, c, curve_bench, s)
-                          for c in curve_checkpoints(model) if c not in full for s in curve_settings]
+                          for c in stapo_study.curve_checkpoints(STUDY, model) if c not in full for s in curve_settings]
     return files
 
 
@@ -138,28 +111,25 @@ def figure_files(ext):
 
 
 def model_opt(model, key):
-    """Per-model setting (models.<model>.<key>), else the workflow-wide one (schema defaults fill it)."""
-    return config["models"][model].get(key, WF[key])
+    """Per-model resource (models.<model>.<key>), else the workflow-wide one."""
+    value = getattr(STUDY.models[model], key)
+    return getattr(WF, key) if value is None else value
 
 
 def train_gpus(wildcards):
-    return int(config["models"][wildcards.model].get("gpus", 0))
+    return STUDY.models[wildcards.model].gpus
 
 
 def eval_gpus(wildcards):
-    entry = config["models"][wildcards.model]
-    return int(entry.get("eval_gpus", 1 if entry.get("gpus", 0) > 0 else 0))
+    return STUDY.models[wildcards.model].eval_devices
 
 
 def train_launcher(wildcards):
     """`stapo` on one device; `accelerate launch` (the model's DeepSpeed config) on several GPUs."""
-    gpus = train_gpus(wildcards)
-    accel = config["models"][wildcards.model].get("accelerate_config")
-    if gpus <= 1:
+    entry = STUDY.models[wildcards.model]
+    if entry.gpus <= 1:
         return "stapo"
-    if not accel:
-        raise ValueError(f"models.{wildcards.model}.accelerate_config: required when gpus = {gpus} > 1")
-    return f"accelerate launch --config_file {accel} --num_processes {gpus} -m stapo.cli"
+    return f"accelerate launch --config_file {entry.accelerate_config} --num_processes {entry.gpus} -m stapo.cli"
 
 
 def eval_model_input(wildcards):
@@ -171,20 +141,20 @@ def eval_model_input(wildcards):
 
 def eval_model_arg(wildcards):
     if wildcards.ckpt == BASE:
-        return config["models"][wildcards.model]["spec"]
+        return STUDY.models[wildcards.model].spec
     return f"runs/{wildcards.model}/{wildcards.method}/{wildcards.ckpt}"
 
 
 def eval_options(wildcards):
     """CLI flags of one `stapo eval` call, from the eval section (explicit, so each job's command says it all)."""
-    ev = config["eval"]
-    bench = ev["benchmarks"][wildcards.benchmark]
+    ev = STUDY.eval
+    bench = ev.benchmark(wildcards.benchmark)
     opts = {
-        "--backend": ev.get("backend"),
-        "--samples": bench.get("samples"),
-        "--limit": bench.get("limit", ev.get("limit")),
-        "--max-new-tokens": bench.get("max_new_tokens", ev.get("max_new_tokens")),
-        "--data-dir": ev.get("data_dir"),
+        "--backend": ev.backend,
+        "--samples": bench.samples,
+        "--limit": bench.limit if bench.limit is not None else ev.limit,
+        "--max-new-tokens": bench.max_new_tokens or ev.max_new_tokens,
+        "--data-dir": ev.data_dir,
     }
     return " ".join(f"{k} {v}" for k, v in opts.items() if v is not None)
 

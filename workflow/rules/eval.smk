@@ -21,7 +21,7 @@ rule evaluate:
         ckpt=f"final|checkpoint-[0-9]+|{BASE}",
         benchmark="[a-z0-9]+",
         setting="|".join(map(re.escape, SETTINGS)),
-    threads: WF.get("threads", 1)
+    threads: WF.threads
     resources:
         gpu=eval_gpus,
         mem_mb=lambda wildcards: model_opt(wildcards.model, "eval_mem_mb"),

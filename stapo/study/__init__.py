@@ -1,0 +1,316 @@
+"""The study model: one YAML file (configs/paper.yaml, configs/tiny.yaml), read and validated here for every stage.
+
+A study has six sections, each a dataclass whose fields are documented where they are defined:
+
+    study     its name (results headings)
+    models    key -> :class:`ModelEntry` (spec, GPUs, per-model ``train`` overrides, cluster resources)
+    methods   key -> :class:`ObjectiveConfig` (stapo.objectives' hyper-parameters; ``objective`` names the method;
+              stapo/study/objective.py)
+    train     :class:`TrainSettings`, the shared RL recipe (stapo/study/train.py)
+    eval      :class:`EvalSection`, the evaluation protocol (stapo/study/evaluation.py)
+    workflow  :class:`WorkflowSection`, what the Snakemake workflow runs and the resources it asks for
+
+:func:`parse` is the one validation: YAML syntax (:func:`load`, file:line:column), then the structure against the
+JSON schema ``workflow/schemas/config.schema.yaml`` (unknown keys at every level, types, the names of
+``stapo.names``), then every section's values (the dataclasses' checks) and the cross-section rules (every
+(model, method) plan and its TRL batch split, model specs, workflow checkpoints). No torch: ``stapo train``,
+``stapo eval``, ``stapo plan`` and the Snakefile (so ``snakemake -n``) run it before any model loads, and any error
+is a :class:`StudyError` whose one line names the file and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from stapo import names
+from stapo.errors import UserError
+from stapo.models import check_spec
+from stapo.schedule import optimizer_steps_per_rollout
+from stapo.study.evaluation import EvalSection
+from stapo.study.objective import OBJECTIVES, ObjectiveConfig, get_objective
+from stapo.study.train import TrainSettings, accumulation, train_settings
+
+__all__ = ["SCHEMA", "StudyError", "Study", "ModelEntry", "WorkflowSection", "Plan", "load", "parse", "read",
+           "check_schema", "resolve_plan", "curve_checkpoints", "TRAIN_SECTIONS", "EvalSection", "ObjectiveConfig",
+           "OBJECTIVES", "get_objective", "TrainSettings", "train_settings", "accumulation"]
+
+SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+SECTIONS = ("study", "models", "methods", "train", "eval", "workflow")  # the top-level keys, in order
+TRAIN_SECTIONS = ("models", "methods", "train")  # what a `stapo train --recipe` file must hold
+_MAX = 160  # characters of an offending value quoted in a message
+
+
+class StudyError(UserError, ValueError):
+    """A bad study file; the message is one line naming the file and the key (or line)."""
+
+
+# ------------------------------------------------------------------------------------------------ sections
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One entry of ``models``.
+
+    Attributes:
+        spec: hub id, local directory or ``bundled:<name>[?options]`` (stapo.models.resolve_model).
+        gpus: GPUs (processes) of one training job; 0 = CPU; > 1 launches through ``accelerate``.
+        accelerate_config: accelerate / DeepSpeed config file, required when gpus > 1.
+        eval_gpus: GPUs of one evaluation job (None: 1 if gpus > 0 else 0).
+        train_mem_mb, train_runtime, eval_mem_mb, eval_runtime: cluster resources of this model's jobs (MB,
+            minutes); None = the workflow section's.
+        train: overrides of the ``train`` section for this model (e.g. the 14B's vLLM memory fraction).
+    """
+
+    spec: str
+    gpus: int = 0
+    accelerate_config: str | None = None
+    eval_gpus: int | None = None
+    train_mem_mb: int | None = None
+    train_runtime: int | None = None
+    eval_mem_mb: int | None = None
+    eval_runtime: int | None = None
+    train: dict = field(default_factory=dict)
+
+    @property
+    def eval_devices(self) -> int:
+        return self.eval_gpus if self.eval_gpus is not None else (1 if self.gpus > 0 else 0)
+
+
+@dataclass(frozen=True)
+class WorkflowSection:
+    """The ``workflow`` section: which jobs the Snakemake workflow plans, and their resources.
+
+    Attributes:
+        models: model keys to run (a subset of ``models``; None = all).
+        checkpoints: checkpoints that get the full evaluation (every benchmark × setting): ``final`` or
+            ``checkpoint-N``.
+        eval_every: evaluate a checkpoint every N training (rollout) steps below ``train.max_steps`` on
+            ``curve_benchmark`` (paper Figure 1: 20); must be a multiple of ``train.save_steps``. None = no curve.
+        curve_benchmark: the benchmark of the accuracy-vs-step curve (skipped when the study does not evaluate it).
+        curve_settings: sampling settings of the curve evaluations (None = all of ``eval.settings``).
+        eval_base: also evaluate the untrained model (method and checkpoint ``base``).
+        real_benchmarks_need_data_dir: only ``arith`` runs unless ``eval.data_dir`` is set (offline miniature).
+        threads: threads of each training and evaluation job.
+        train_mem_mb, train_runtime, eval_mem_mb, eval_runtime: default job resources (MB of node memory,
+            minutes per attempt; a retried training job resumes from its last checkpoint).
+    """
+
+    models: list | None = None
+    checkpoints: list = field(default_factory=lambda: ["final"])
+    eval_every: int | None = None
+    curve_benchmark: str = "aime24"
+    curve_settings: list | None = field(default_factory=lambda: ["t1.0_p1.0"])
+    eval_base: bool = True
+    real_benchmarks_need_data_dir: bool = False
+    threads: int = 1
+    train_mem_mb: int = 256000
+    train_runtime: int = 2880
+    eval_mem_mb: int = 64000
+    eval_runtime: int = 720
+
+
+@dataclass
+class Plan:
+    """Everything one ``stapo train`` run needs, resolved and validated (written to DIR/config.yaml)."""
+
+    model_key: str
+    model_spec: str
+    method_key: str
+    objective: ObjectiveConfig
+    settings: TrainSettings
+
+
+@dataclass(frozen=True)
+class Study:
+    """A parsed, validated study (:func:`parse`). Sections absent from the file hold the paper's defaults
+    (``train``, ``eval``, ``workflow``) or are empty (``models``, ``methods``)."""
+
+    name: str
+    models: dict[str, ModelEntry]
+    methods: dict[str, ObjectiveConfig]
+    train: dict  # the raw section: per-model overrides are merged over it before TrainSettings validates
+    eval: EvalSection
+    workflow: WorkflowSection
+    source: str = "config"
+
+    def plan(self, model: str, method: str, *, max_steps: int | None = None, seed: int | None = None) -> Plan:
+        """The resolved (model, method) run: the method's objective and the train section with the model's
+        overrides (and the CLI's ``max_steps`` / ``seed``)."""
+        for section, key in (("models", model), ("methods", method)):
+            if key not in getattr(self, section):
+                raise StudyError(f"{self.source}: {section}: no {key!r}; the study defines "
+                                 f"{sorted(getattr(self, section))}")
+        entry = self.models[model]
+        cli = {k: v for k, v in (("max_steps", max_steps), ("seed", seed)) if v is not None}
+        _checked(self.source, lambda: train_settings({**self.train, **cli}, "train"))
+        settings = _checked(self.source, lambda: train_settings({**self.train, **entry.train, **cli},
+                                                                f"models.{model}.train"))
+        return Plan(model, entry.spec, method, self.methods[method], settings)
+
+    @property
+    def run_models(self) -> list[str]:
+        """The model keys the workflow runs."""
+        return list(self.workflow.models or self.models)
+
+    def train_section(self, model: str) -> dict:
+        return {**self.train, **self.models[model].train}
+
+
+def _checked(source: str, build):
+    """``build()``, its ValueError/TypeError as a one-line StudyError naming ``source``."""
+    try:
+        return build()
+    except (ValueError, TypeError) as err:
+        raise StudyError(f"{source}: {err}") from None
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def load(path: str | os.PathLike) -> dict:
+    """The mapping in a YAML file; StudyError for a missing file, a syntax error (file:line:col) or a non-mapping."""
+    path = Path(path)
+    if not path.is_file():
+        raise StudyError(f"{path}: file not found")
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise StudyError(f"{where}: YAML syntax error: {problem}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise StudyError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)}), got {type(doc).__name__}")
+    return doc
+
+
+def _message(err) -> str:
+    """One line for a jsonschema error: the dotted key, then what is wrong with it."""
+    path = ".".join(str(p) for p in err.absolute_path)
+    if err.validator == "additionalProperties":
+        allowed = sorted(err.schema.get("properties", {}))
+        unknown = sorted(set(err.instance) - set(allowed))
+        key = f"{path}.{unknown[0]}" if path and unknown else (unknown[0] if unknown else path)
+        return f"{key}: unknown key" + (f"; expected one of {allowed}" if allowed else "")
+    if err.validator == "propertyNames":
+        return f"{path}: {err.message[:_MAX]}" if path else err.message[:_MAX]
+    if err.validator == "required":
+        return f"{path or 'top level'}: {err.message}"
+    return f"{path or 'top level'}: {err.message[:_MAX]}"
+
+
+def check_schema(config: dict, *, source: str = "config", required: tuple[str, ...] | None = None) -> None:
+    """The structure of ``config`` against the study schema; StudyError names the first bad key (and how many more).
+
+    ``required`` replaces the schema's top-level required sections (``stapo train`` needs only TRAIN_SECTIONS;
+    ``stapo eval`` only ``eval``, and then not its benchmarks and settings: the paper's fill them).
+    """
+    import jsonschema
+
+    schema = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
+    if required is not None:  # a command's recipe: only what that command reads (eval defaults fill the rest)
+        schema["required"] = list(required)
+        schema["properties"]["eval"].pop("required")
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(config),
+                    key=lambda e: [str(p) for p in e.absolute_path])
+    if errors:
+        first = jsonschema.exceptions.best_match(errors)
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise StudyError(f"{source}: {_message(first)}{more}")
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def _objective(key: str, entry: dict) -> ObjectiveConfig:
+    entry = dict(entry or {})
+    name = entry.pop("objective", key)
+    known = {f.name for f in dataclasses.fields(ObjectiveConfig)} - {"method"}
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        raise ValueError(f"methods.{key}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+    try:
+        return get_objective(name, **entry)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"methods.{key}.{err}") from None
+
+
+def _model(key: str, entry: dict) -> ModelEntry:
+    model = ModelEntry(**{k: v for k, v in entry.items() if v is not None or k == "accelerate_config"})
+    try:
+        check_spec(str(model.spec))
+    except (ValueError, OSError) as err:
+        raise ValueError(f"models.{key}.spec: {err}") from None
+    if model.gpus > 1 and not model.accelerate_config:
+        raise ValueError(f"models.{key}.accelerate_config: required when gpus = {model.gpus} > 1")
+    return model
+
+
+def parse(config: dict, *, source: str = "config", required: tuple[str, ...] | None = None,
+          check_runs: bool = True) -> Study:
+    """Validate a study mapping (module docstring) and return it as a :class:`Study`; StudyError otherwise.
+
+    ``required``: the top-level sections the caller needs (default: the schema's, i.e. a whole study).
+    ``check_runs``: also resolve every (model, method) run the workflow would plan (its train section with the
+    model's overrides, and the TRL batch split for the model's GPUs) and the workflow's curve checkpoints.
+    """
+    check_schema(config, source=source, required=required)
+    study = Study(
+        name=str(config.get("study", "study")),
+        models=_checked(source, lambda: {k: _model(k, v) for k, v in (config.get("models") or {}).items()}),
+        methods=_checked(source, lambda: {k: _objective(k, v) for k, v in (config.get("methods") or {}).items()}),
+        train=dict(config.get("train") or {}),
+        eval=_checked(source, lambda: EvalSection.from_dict(config.get("eval"))),
+        workflow=WorkflowSection(**{k: v for k, v in (config.get("workflow") or {}).items()}),
+        source=source,
+    )
+    unknown = [m for m in study.workflow.models or () if m not in study.models]
+    if unknown:
+        raise StudyError(f"{source}: workflow.models: {unknown[0]!r} is not a key of models "
+                         f"({', '.join(study.models)})")
+    if check_runs and "train" in config:
+        for model in study.run_models if study.models else ():
+            for method in study.methods:
+                plan = study.plan(model, method)
+                _checked(source, lambda: accumulation(plan.settings, max(1, study.models[model].gpus)))
+            _checked(source, lambda: curve_checkpoints(study, model))
+    return study
+
+
+def read(path: str | os.PathLike, *, required: tuple[str, ...] | None = None, check_runs: bool = True) -> Study:
+    """:func:`load` then :func:`parse`, errors naming ``path``."""
+    return parse(load(path), source=str(path), required=required, check_runs=check_runs)
+
+
+def resolve_plan(config: dict, model: str, method: str, *, max_steps: int | None = None,
+                 seed: int | None = None) -> Plan:
+    """The validated plan of one (model, method) run of a study mapping (errors as StudyError)."""
+    return parse(config, required=TRAIN_SECTIONS, check_runs=False).plan(model, method, max_steps=max_steps,
+                                                                         seed=seed)
+
+
+def curve_checkpoints(study: Study, model: str) -> list[str]:
+    """The accuracy-curve checkpoints of ``model``: rollout steps eval_every, 2 eval_every, ... < train.max_steps
+    (final is the curve's last point), named by TRL's optimiser step (``checkpoint-<k × step>``, stapo.schedule)."""
+    every = study.workflow.eval_every
+    if not every:
+        return []
+    train = study.train_section(model)
+    save = int(train.get("save_steps", TrainSettings.save_steps))
+    if every % save:
+        raise ValueError(f"workflow.eval_every ({every}) must be a multiple of train.save_steps ({save}): only "
+                         "saved checkpoints can be evaluated")
+    k = optimizer_steps_per_rollout(train)
+    return [f"checkpoint-{n * k}" for n in range(every, int(train.get("max_steps", TrainSettings.max_steps)), every)]
+
+
+def label(kind: str, key: str) -> str:
+    """Display label of a model / method / benchmark / setting key (stapo.names)."""
+    return names.label(getattr(names, kind.upper()), key)

@@ -1,0 +1,163 @@
+"""The ``eval`` section of a study: the evaluation protocol, over the paper's defaults.
+
+``benchmarks`` and ``settings`` list what the study evaluates (the workflow plans one job per benchmark ×
+setting); a benchmark or setting the section does not list falls back to the paper's (stapo.tasks.registry), so
+``stapo eval`` can run any of them with any study file. ``hf: {batch_size: 4}`` keeps the other ``hf`` defaults.
+``stapo eval`` resolves one (benchmark, setting) job from the section (stapo.evaluate.resolve_config), the command
+line overriding it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+
+from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS, SETTINGS
+
+__all__ = ["EvalSection", "BenchmarkEntry", "BACKENDS", "VERIFIER_DEFAULTS", "VERIFIER_KEYS", "check_verifier_config"]
+
+BACKENDS = ("hf", "vllm")
+VERIFIER_DEFAULTS = {
+    "model": "opencompass/CompassVerifier-3B",
+    "max_new_tokens": 16,  # the reply is one letter (the card's example allows 2048 for its CoT prompt)
+    "backend_args": {},  # merged over eval.<backend> for the verifier's engine (e.g. gpu_memory_utilization)
+}
+VERIFIER_KEYS = set(VERIFIER_DEFAULTS)
+
+
+@dataclass(frozen=True)
+class BenchmarkEntry:
+    """One entry of ``eval.benchmarks``.
+
+    Attributes:
+        samples: N samples per problem (avg@N); None = the paper's N for the benchmark (stapo.tasks.registry).
+        limit: evaluate only the first N problems (overrides ``eval.limit``).
+        max_new_tokens: response budget (overrides ``eval.max_new_tokens``).
+        n, seed, difficulty: ``arith`` only: the generated problems (stapo.data.synthetic_arith_rows).
+    """
+
+    samples: int | None = None
+    limit: int | None = None
+    max_new_tokens: int | None = None
+    n: int | None = None
+    seed: int | None = None
+    difficulty: int | None = None
+
+    @property
+    def arith(self) -> dict:
+        """The arith generator's options given here."""
+        return {k: getattr(self, k) for k in ARITH_DEFAULTS if getattr(self, k) is not None}
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    """The ``eval`` section.
+
+    Attributes:
+        backend: ``vllm`` (GPU; the paper's) or ``hf`` (transformers; CPU and tests), through lm-eval.
+        data_dir: where benchmark rows come from: None / ``bundled`` (the files in stapo/tasks/data), ``hub``, or
+            a directory of ``<benchmark>.jsonl`` files.
+        max_new_tokens: response budget in tokens (paper 20,480).
+        limit: evaluate only the first N problems of each benchmark (None = all).
+        benchmarks: the benchmarks evaluated: key -> :class:`BenchmarkEntry` (keys of stapo.names.BENCHMARKS;
+            default all).
+        settings: the sampling settings evaluated: key -> ``{temperature, top_p}`` (keys of
+            stapo.names.SETTINGS; default both of the paper's).
+        hf: lm-eval ``hf`` model arguments (CPU defaults: batch size 8, float32).
+        vllm: lm-eval ``vllm`` model arguments over the device's defaults (stapo.vllm_settings.eval_engine_args).
+        verifier: the LLM-verifier stage (stapo.verifier), e.g. ``{model: opencompass/CompassVerifier-3B}``
+            (keys of ``VERIFIER_DEFAULTS``); None = rule grading only.
+    """
+
+    backend: str = "vllm"
+    data_dir: str | None = None
+    max_new_tokens: int = 20480
+    limit: int | None = None
+    benchmarks: dict = field(default_factory=lambda: {k: BenchmarkEntry() for k in BENCHMARKS})
+    settings: dict = field(default_factory=lambda: copy.deepcopy(SETTINGS))
+    hf: dict = field(default_factory=lambda: {"batch_size": 8, "dtype": "float32"})
+    vllm: dict = field(default_factory=dict)
+    verifier: dict | None = None
+
+    @classmethod
+    def from_dict(cls, section: dict | None) -> "EvalSection":
+        """The section merged over the defaults and validated (ValueError naming ``eval.<key>``)."""
+        section = dict(section or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(section) - known)
+        if unknown:
+            raise ValueError(f"eval: unknown key(s) {unknown}; expected some of {sorted(known)}")
+        base = cls()
+        benchmarks = {} if "benchmarks" in section else dict(base.benchmarks)
+        for key, entry in (section.pop("benchmarks", None) or {}).items():
+            if key not in BENCHMARKS:
+                raise ValueError(f"eval.benchmarks: unknown benchmark {key!r}; expected one of {sorted(BENCHMARKS)}")
+            fields_ = {f.name for f in dataclasses.fields(BenchmarkEntry)}
+            bad = sorted(set(entry or {}) - fields_)
+            if bad:
+                raise ValueError(f"eval.benchmarks.{key}: unknown key(s) {bad}; expected {sorted(fields_)}")
+            benchmarks[key] = BenchmarkEntry(**(entry or {}))
+        settings = section.pop("settings", None) or base.settings
+        hf = {**base.hf, **(section.pop("hf", None) or {})}
+        out = dataclasses.replace(base, benchmarks=benchmarks, settings=settings, hf=hf, **section)
+        out.check()
+        return out
+
+    def check(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"eval.backend: {self.backend!r}; expected one of {list(BACKENDS)}")
+        for key, value in (("max_new_tokens", self.max_new_tokens), ("limit", self.limit)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"eval.{key}: expected an integer >= 1, got {value!r}")
+        for key, entry in self.benchmarks.items():
+            for name in ("samples", "limit", "max_new_tokens", "n", "difficulty"):
+                value = getattr(entry, name)
+                if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                    raise ValueError(f"eval.benchmarks.{key}.{name}: expected an integer >= 1, got {value!r}")
+        for key, setting in self.settings.items():
+            if key not in SETTINGS:
+                raise ValueError(f"eval.settings: unknown setting {key!r}; expected one of {sorted(SETTINGS)}")
+            if set(setting or {}) != {"temperature", "top_p"}:
+                raise ValueError(f"eval.settings.{key}: expected {{temperature, top_p}}, got {setting!r}")
+            if not (setting["temperature"] >= 0 and 0 < setting["top_p"] <= 1):
+                raise ValueError(f"eval.settings.{key}: need temperature >= 0 and top_p in (0, 1], got {setting}")
+        for key in ("hf", "vllm"):
+            if not isinstance(getattr(self, key), dict):
+                raise ValueError(f"eval.{key}: expected a mapping of lm-eval model arguments")
+        check_verifier_config(self.verifier)
+
+    def benchmark(self, key: str) -> BenchmarkEntry:
+        """The section's entry of benchmark ``key`` (the paper's defaults when the section does not list it)."""
+        return self.benchmarks.get(key) or BenchmarkEntry()
+
+    def setting(self, key: str) -> dict:
+        """``{temperature, top_p}`` of setting ``key``: the section's, else the paper's; KeyError if neither."""
+        if key not in self.settings and key not in SETTINGS:
+            raise KeyError(key)
+        return self.settings.get(key) or SETTINGS[key]
+
+    def samples(self, benchmark: str) -> int:
+        """N of ``benchmark``: the section's, else the paper's."""
+        entry = self.benchmark(benchmark)
+        return entry.samples if entry.samples is not None else BENCHMARKS[benchmark].samples
+
+
+def check_verifier_config(section) -> None:
+    """``eval.verifier``: None (no verifier stage) or a mapping of ``VERIFIER_KEYS`` with a model spec."""
+    if section is None:
+        return
+    if not isinstance(section, dict):
+        raise ValueError(f"eval.verifier: expected a mapping like {{model: {VERIFIER_DEFAULTS['model']}}}, "
+                         f"got {type(section).__name__}")
+    unknown = set(section) - VERIFIER_KEYS
+    if unknown:
+        raise ValueError(f"eval.verifier: unknown key(s) {sorted(unknown)}; expected some of {sorted(VERIFIER_KEYS)}")
+    model = section.get("model", VERIFIER_DEFAULTS["model"])
+    if not isinstance(model, str) or not model.strip():
+        raise ValueError(f"eval.verifier.model: expected a model id, path or bundled: spec, got {model!r}")
+    tokens = section.get("max_new_tokens", VERIFIER_DEFAULTS["max_new_tokens"])
+    if not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"eval.verifier.max_new_tokens: expected an integer >= 1, got {tokens!r}")
+    if not isinstance(section.get("backend_args", {}), dict):
+        raise ValueError("eval.verifier.backend_args: expected a mapping (merged over eval.<backend>)")

@@ -1,0 +1,123 @@
+"""The ``methods`` section of a study: one :class:`ObjectiveConfig` per method, over the paper's defaults.
+
+Each method declares what the trainer needs to know about it: its token mask (``token_mask``, which tokens enter
+the loss; ``uses_thresholds`` when it needs entropy thresholds) and its loss aggregation (``loss_agg_mode``,
+verl's names). The math is in stapo.objectives; this module has no torch import (configs are checked before it
+loads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+__all__ = ["ObjectiveConfig", "OBJECTIVES", "TOKEN_MASKS", "AGG_MODES", "SCOPES", "get_objective"]
+
+# method -> the token mask that selects the tokens of its loss (kept_mask dispatches on it):
+#   all           every completion token (grpo, justrl)
+#   high_entropy  20-Entropy: the top-ρ entropy tokens
+#   s2t           STAPO: all but the S2T-silenced tokens; s2t_high / s2t_random / s2t_full: its ablations
+TOKEN_MASKS = {"grpo": "all", "justrl": "all", "entropy20": "high_entropy", "stapo": "s2t", "stapo_high": "s2t_high",
+               "stapo_random": "s2t_random", "stapo_full": "s2t_full"}
+_METHOD_NAMES = tuple(TOKEN_MASKS)
+AGG_MODES = ("token-mean", "seq-mean-token-mean")
+SCOPES = ("mini_batch", "micro_batch")
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """Hyper-parameters of one policy objective.
+
+    Attributes:
+        method: one of "grpo", "entropy20", "justrl", "stapo", or a STAPO ablation (paper, Ablations):
+            "stapo_high" silences the HIGH-entropy candidates (H > quantile(H[cand], 1 − q), as many as S2T would),
+            "stapo_random" silences a random subset of candidates of S2T's size (seeded by ``seed``),
+            "stapo_full" silences every candidate (the paper's "FullMask" probe).
+        eps_low: lower clip ε_low; the ratio is clipped at 1 − ε_low (paper: 0.2).
+        eps_high: upper clip ε_high; the ratio is clipped at 1 + ε_high (paper: 0.28, GRPO 0.2).
+        kl_beta: weight β of the k3 KL estimator to the reference policy (GRPO only; DeepSeekMath: 0.04).
+        tau_p: STAPO's absolute probability threshold τ_p (paper: 0.002).
+        entropy_quantile: STAPO's q; τ_h is the q-quantile of candidate entropies (paper: 0.75).
+        top_entropy_ratio: 20-Entropy's ρ; the top-ρ fraction of tokens by entropy gets gradient (0.2).
+        seed: seed of stapo_random's choice when policy_loss gets no generator.
+        clip_ratio_c: verl's dual-clip constant c: for Â < 0 the per-token loss is capped at c·|Â|
+            (JustRL's script: 10.0; verl's default 3.0, used for grpo). Must be > 1.
+        log_ratio_clip: log ρ is clamped to ±this before exp (verl: 20).
+        kl_log_ratio_clip, kl_clip: verl ``low_var_kl``: log(π_ref/π) clamped to ±20, k3 clamped to ±10.
+        loss_agg_mode: "token-mean" (JustRL family: one denominator, the kept tokens of the optimiser step) or
+            "seq-mean-token-mean" (GRPO: mean over completions of each completion's token-mean).
+        quantile_scope: "mini_batch" (paper; thresholds per optimiser step over all its completions on all
+            ranks, statistics from π_old) or "micro_batch" (per call, gathered across ranks) — see the module
+            docstring.
+    """
+
+    method: str
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    kl_beta: float = 0.0
+    tau_p: float = 0.002
+    entropy_quantile: float = 0.75
+    top_entropy_ratio: float = 0.2
+    seed: int = 0
+    clip_ratio_c: float = 10.0
+    log_ratio_clip: float = 20.0
+    kl_log_ratio_clip: float = 20.0
+    kl_clip: float = 10.0
+    loss_agg_mode: str = "token-mean"
+    quantile_scope: str = "mini_batch"
+
+    @property
+    def token_mask(self) -> str:
+        """The token mask of this method (``TOKEN_MASKS``)."""
+        return TOKEN_MASKS[self.method]
+
+    @property
+    def uses_thresholds(self) -> bool:
+        """True when the token mask needs entropy thresholds (20-Entropy, STAPO and its ablations)."""
+        return self.token_mask != "all"
+
+    def __post_init__(self) -> None:
+        if self.method not in _METHOD_NAMES:
+            raise ValueError(f"method: unknown method {self.method!r}; expected one of {list(_METHOD_NAMES)}")
+        if not 0.0 <= self.eps_low < 1.0:
+            raise ValueError(f"eps_low: must be in [0, 1), got {self.eps_low}")
+        if self.eps_high < 0.0:
+            raise ValueError(f"eps_high: must be >= 0, got {self.eps_high}")
+        if self.kl_beta < 0.0:
+            raise ValueError(f"kl_beta: must be >= 0, got {self.kl_beta}")
+        if not 0.0 < self.tau_p < 1.0:
+            raise ValueError(f"tau_p: must be in (0, 1), got {self.tau_p}")
+        if not 0.0 < self.entropy_quantile < 1.0:
+            raise ValueError(f"entropy_quantile: must be in (0, 1), got {self.entropy_quantile}")
+        if not 0.0 < self.top_entropy_ratio <= 1.0:
+            raise ValueError(f"top_entropy_ratio: must be in (0, 1], got {self.top_entropy_ratio}")
+        if not self.clip_ratio_c > 1.0:
+            raise ValueError(f"clip_ratio_c: must be > 1 (verl's dual clip), got {self.clip_ratio_c}")
+        for key in ("log_ratio_clip", "kl_log_ratio_clip", "kl_clip"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key}: must be > 0, got {getattr(self, key)}")
+        if self.loss_agg_mode not in AGG_MODES:
+            raise ValueError(f"loss_agg_mode: unknown mode {self.loss_agg_mode!r}; expected one of {list(AGG_MODES)}")
+        if self.quantile_scope not in SCOPES:
+            raise ValueError(f"quantile_scope: unknown scope {self.quantile_scope!r}; expected one of {list(SCOPES)}")
+
+
+OBJECTIVES: dict[str, ObjectiveConfig] = {
+    # GRPO: symmetric clip, k3 KL to the reference, verl's default dual clip c = 3, sequence-mean of token-means
+    "grpo": ObjectiveConfig("grpo", eps_low=0.2, eps_high=0.2, kl_beta=0.04, clip_ratio_c=3.0,
+                            loss_agg_mode="seq-mean-token-mean"),
+    # JustRL family (JustRL's verl script: clip 0.2 / 0.28, clip_ratio_c 10, token-mean)
+    "entropy20": ObjectiveConfig("entropy20"),
+    "justrl": ObjectiveConfig("justrl"),
+    "stapo": ObjectiveConfig("stapo"),
+    # ablations of the S2T mask (paper, Ablations); not part of the main table
+    "stapo_high": ObjectiveConfig("stapo_high"),
+    "stapo_random": ObjectiveConfig("stapo_random"),
+    "stapo_full": ObjectiveConfig("stapo_full"),
+}
+
+
+def get_objective(method: str, **overrides) -> ObjectiveConfig:
+    """The paper's config for ``method``, with keyword overrides (validated)."""
+    if method not in OBJECTIVES:
+        raise ValueError(f"method: unknown method {method!r}; expected one of {sorted(OBJECTIVES)}")
+    return replace(OBJECTIVES[method], **overrides)

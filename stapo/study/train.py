@@ -1,0 +1,141 @@
+"""The ``train`` section of a study: the shared RL recipe, and how its batch sizes map onto TRL.
+
+Batch semantics (paper, Training Details; verl ``train_batch_size`` / ``ppo_mini_batch_size``):
+    prompts_per_generation × num_generations completions are sampled per rollout (256 × 8);
+    every prompts_per_step × num_generations of them (64 × 8) make one optimiser step, so one rollout batch
+    gives prompts_per_generation / prompts_per_step optimiser steps (4), each over fresh samples (num_iterations 1).
+In TRL terms (micro-batch = per_device_train_batch_size completions on each of W processes):
+    gradient_accumulation_steps = prompts_per_step · G / (per_device_train_batch_size · W)
+    steps_per_generation        = gradient_accumulation_steps · prompts_per_generation / prompts_per_step
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from stapo.data import DatasetError, validate_source
+from stapo.rewards import REWARDS
+
+__all__ = ["TrainSettings", "train_settings", "accumulation"]
+
+
+@dataclass
+class TrainSettings:
+    """The ``train`` section of a recipe: the shared RL recipe (paper, Training Details; JustRL/DAPO scripts).
+
+    Attributes:
+        dataset: training source, see stapo.data (``{name: dapo-math-17k}``, ``{name: synthetic-arith, ...}``,
+            ``{path: file.jsonl}``).
+        reward: ``dapo_strict`` (paper: JustRL's DAPO verifier, ±1), ``dapo_lenient``, ``math_verify`` (±1) or
+            ``math_verify_01`` (1/0); see stapo.rewards.
+        max_steps: training steps in the paper's unit, rollout batches (verl steps; curves run past 3,000).
+        save_steps: checkpoint every N rollout steps (paper evaluates every 20). ``checkpoint-<N>`` directories
+            are named by TRL's optimiser step: rollout step × k (stapo.schedule).
+        save_total_limit: keep only the newest N checkpoints (None = all).
+        learning_rate, warmup_steps, lr_scheduler_type: AdamW, constant 1e-6 after 10 warm-up rollout steps; the
+            schedule advances once per rollout step, as verl's.
+        weight_decay: 0.1 (JustRL script). max_grad_norm: 1.0.
+        prompts_per_generation: prompts per rollout batch (paper 256). num_generations: rollouts per prompt (8).
+        prompts_per_step: prompts per optimiser step, the PPO mini-batch (paper 64).
+        per_device_train_batch_size: completions per micro-batch per process (paper: 1 per GPU).
+        num_iterations: PPO epochs over each rollout batch (paper 1).
+        max_prompt_length: prompts longer than this (tokens) are dropped, as verl's filter_overlong_prompts (1,024).
+        max_completion_length: response budget in tokens (15,360).
+        temperature, top_p: rollout sampling (1.0, 1.0).
+        scale_rewards: TRL advantage scaling ("group": (r − mean) / std within the group, as GRPO/DAPO).
+        bf16: bf16 compute with fp32 master weights (module docstring); false on CPU.
+        gradient_checkpointing: recompute activations in the backward (GPU memory); false on CPU.
+        use_vllm, vllm_mode, vllm_gpu_memory_utilization: vLLM rollouts (colocated on GPU; off on CPU);
+            vllm_gpu_memory_utilization None = the device's default (stapo.vllm_settings: 0.5 GPU, 0.1 CPU).
+        vllm: further TRL ``vllm_*`` options, keys without the prefix (e.g. ``{enable_sleep_mode: true}``),
+            over the device defaults of stapo.vllm_settings.
+        seed: seeds model init-free RNG, sampling and the data order.
+        logging_steps: always 1 (metrics.jsonl has one line per optimiser step); kept for completeness.
+        diagnostics_every: every N optimiser steps, log the paper's token analysis (stapo.diagnostics: gradient
+            norm per probability × entropy quadrant, entropy quantiles, silenced-token examples); 0 = off.
+        diagnostics_examples: silenced-token examples written per diagnostics step.
+    """
+
+    dataset: dict = field(default_factory=lambda: {"name": "dapo-math-17k"})
+    reward: str = "dapo_strict"
+    max_steps: int = 3000
+    save_steps: int = 20
+    save_total_limit: int | None = None
+    learning_rate: float = 1e-6
+    warmup_steps: int = 10
+    lr_scheduler_type: str = "constant_with_warmup"
+    weight_decay: float = 0.1
+    max_grad_norm: float = 1.0
+    prompts_per_generation: int = 256
+    num_generations: int = 8
+    prompts_per_step: int = 64
+    per_device_train_batch_size: int = 1
+    num_iterations: int = 1
+    max_prompt_length: int = 1024
+    max_completion_length: int = 15360
+    temperature: float = 1.0
+    top_p: float = 1.0
+    scale_rewards: str = "group"
+    bf16: bool = True
+    gradient_checkpointing: bool = True
+    use_vllm: bool = True
+    vllm_mode: str = "colocate"
+    vllm_gpu_memory_utilization: float | None = None
+    vllm: dict = field(default_factory=dict)
+    seed: int = 0
+    logging_steps: int = 1
+    diagnostics_every: int = 0
+    diagnostics_examples: int = 8
+
+
+_POSITIVE = ("max_steps", "save_steps", "prompts_per_generation", "num_generations", "prompts_per_step",
+             "per_device_train_batch_size", "num_iterations", "max_prompt_length", "max_completion_length")
+
+
+def _validate(s: TrainSettings, where: str) -> None:
+    for key in _POSITIVE:
+        value = getattr(s, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{where}.{key}: must be a positive integer, got {value!r}")
+    if s.prompts_per_generation % s.prompts_per_step:
+        raise ValueError(f"{where}.prompts_per_generation ({s.prompts_per_generation}) must be a multiple of "
+                         f"{where}.prompts_per_step ({s.prompts_per_step})")
+    if s.reward not in REWARDS:
+        raise ValueError(f"{where}.reward: unknown reward {s.reward!r}; expected one of {sorted(REWARDS)}")
+    if not 0.0 < s.temperature or not 0.0 < s.top_p <= 1.0:
+        raise ValueError(f"{where}.temperature/top_p: need temperature > 0 and top_p in (0, 1], got "
+                         f"{s.temperature}, {s.top_p}")
+    if s.diagnostics_every < 0 or s.diagnostics_examples < 0:
+        raise ValueError(f"{where}.diagnostics_every and {where}.diagnostics_examples must be >= 0")
+    if s.learning_rate <= 0 or s.warmup_steps < 0 or s.max_grad_norm < 0 or s.weight_decay < 0:
+        raise ValueError(f"{where}.learning_rate must be > 0 and {where}.warmup_steps/max_grad_norm/weight_decay "
+                         ">= 0")
+    try:
+        validate_source(s.dataset)
+    except DatasetError as err:
+        raise ValueError(str(err)) from None  # names train.dataset.<key> or the file
+
+
+def train_settings(section: dict, where: str = "train") -> TrainSettings:
+    """The validated TrainSettings of a ``train`` section (``where`` prefixes the key an error names)."""
+    known = {f.name for f in dataclasses.fields(TrainSettings)}
+    unknown = sorted(set(section) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+    settings = TrainSettings(**section)
+    _validate(settings, where)
+    return settings
+
+
+
+
+def accumulation(settings: TrainSettings, num_processes: int) -> tuple[int, int]:
+    """(gradient_accumulation_steps, steps_per_generation) for TRL (see the module docstring)."""
+    per_step = settings.prompts_per_step * settings.num_generations
+    micro = settings.per_device_train_batch_size * num_processes
+    if per_step % micro:
+        raise ValueError(f"train.prompts_per_step × num_generations ({per_step}) must be a multiple of "
+                         f"train.per_device_train_batch_size × processes ({micro})")
+    grad_accum = per_step // micro
+    return grad_accum, grad_accum * (settings.prompts_per_generation // settings.prompts_per_step)
