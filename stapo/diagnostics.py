@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from stapo import trl_compat
 from stapo.atomic import append_line
 from stapo.objectives import candidate_mask, quantile, silence_mask
 from stapo.schedule import rollout_step
@@ -193,29 +194,25 @@ class TokenDiagnostics:
         """Accumulate one micro-batch (call right after TRL's per-token forward of the policy, on every rank)."""
         if not self._active:
             return
-        from trl.trainer.utils import maybe_gather_lm_head_ctx
-
         hidden, self._hidden = self._hidden, None
         prompt_len, t = inputs["prompt_ids"].size(1), logps.size(1)
         if hidden is None or hidden.shape[:2] != (logps.size(0), prompt_len + t):
             raise RuntimeError("token diagnostics: the policy's hidden states were not captured for this micro-batch")
         hidden = hidden[:, prompt_len - 1 : prompt_len - 1 + t]  # position i predicts completion token i
         head = model.get_output_embeddings()
-        with maybe_gather_lm_head_ctx(head.weight, head.bias):  # a collective under ZeRO-3: every rank enters
+        with trl_compat.gathered_lm_head(head):  # a collective under ZeRO-3: every rank enters
             if self.writer:
                 self._record(head, hidden, inputs, logps.detach(), old_logps.detach(), entropies.detach())
 
     @torch.no_grad()
     def _record(self, head, hidden: Tensor, inputs: dict, logps: Tensor, old_logps: Tensor, entropies: Tensor):
-        from trl.kernels import ChunkedLogProbFunction
-
         cfg, adv, mask = self.objective, inputs["advantages"], inputs["completion_mask"]
         pop = mask.bool() & (adv > 0).unsqueeze(-1)
         collision = torch.zeros_like(logps, dtype=torch.float32)  # only the population's entries are used
         if pop.any():
-            out = ChunkedLogProbFunction.apply(hidden[pop], head.weight, head.bias, inputs["completion_ids"][pop],
-                                               self.temperature, self.VOCAB_CHUNK, None, 1.0, ("log_sum_sq_probs",))
-            collision[pop] = out[2].float().exp()
+            collision[pop] = trl_compat.log_sum_sq_probs(hidden[pop], head.weight, head.bias,
+                                                         inputs["completion_ids"][pop], self.temperature,
+                                                         self.VOCAB_CHUNK).float().exp()
         stats = quadrant_stats(logps=logps, entropies=entropies, collision=collision,
                                ratio=torch.exp(logps - old_logps), advantages=adv, completion_mask=mask,
                                tau_p=cfg.tau_p, q=cfg.entropy_quantile, eps_low=cfg.eps_low, eps_high=cfg.eps_high)
