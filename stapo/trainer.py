@@ -44,23 +44,20 @@ Stopping: every end-of-turn token of the tokenizer's chat template (Qwen3-Base: 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import math
 import os
-import time
 import warnings
 from dataclasses import asdict
+from enum import Enum
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from stapo.atomic import append_line
 from stapo.data import build_prompt, load_problems
 from stapo.diagnostics import TokenDiagnostics
-from stapo import rundir
+from stapo import rundir, trl_compat
+from stapo.metrics import MetricsJsonl, StepAccumulator, accuracy_reward
 from stapo.models import end_of_turn_token_ids, resolve_model
 from stapo.objectives import Thresholds, policy_loss, step_thresholds
 from stapo.rewards import REWARDS
@@ -72,11 +69,23 @@ from stapo.vllm_settings import trl_vllm_kwargs
 __all__ = ["StapoGRPOTrainer", "build_trainer", "train", "latest_complete_checkpoint", "add_arguments", "run"]
 
 log = logging.getLogger("stapo.trainer")
-STEP_METRICS = ("entropy_mean", "candidate_fraction", "silenced_fraction", "kept_fraction", "clip_fraction",
-                "clip_fraction_low", "clip_fraction_high", "clip_fraction_dual", "ratio_mean", "kl_mean")
 
 
 # ------------------------------------------------------------------------------------------------- trainer
+
+
+class Normaliser(str, Enum):
+    """How each micro-batch's loss is scaled so the optimiser step's gradient is the objective's (module docstring)."""
+
+    EXACT_RESCALE = "exact_rescale"  # token-mean: S_j / c, gradients × c·W / K after the step's last backward
+    DEEPSPEED_KEPT_FRACTION = "deepspeed_kept_fraction"  # token-mean under DeepSpeed: S_j / (c · kept fraction)
+    GRPO_SEQ_MEAN = "grpo_seq_mean"  # sequence-mean: ÷ gradient_accumulation_steps, as TRL's "grpo" loss
+
+    @classmethod
+    def choose(cls, loss_agg_mode: str, deepspeed: bool) -> Normaliser:
+        if loss_agg_mode != "token-mean":
+            return cls.GRPO_SEQ_MEAN
+        return cls.DEEPSPEED_KEPT_FRACTION if deepspeed else cls.EXACT_RESCALE
 
 
 class StapoGRPOTrainer(GRPOTrainer):
@@ -85,17 +94,20 @@ class StapoGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, objective: ObjectiveConfig, settings: TrainSettings,
                  diagnostics: TokenDiagnostics | None = None, **kwargs):
         self.objective, self.settings = objective, settings
+        trl_compat.check_trl()  # before the model loads
         super().__init__(*args, **kwargs)
+        trl_compat.check_instance(self)
         self._diagnostics = diagnostics
         if diagnostics is not None:  # every rank observes (collectives under ZeRO-3); rank 0 writes
             diagnostics.writer = self.accelerator.is_main_process
             diagnostics.steps_per_rollout = optimizer_steps_per_rollout(settings)
             diagnostics.attach(self.accelerator.unwrap_model(self.model))
-        self._window = None  # per-optimiser-step accumulators (local to this process)
+        self._window: StepAccumulator | None = None  # the optimiser step's sums on this process, while it runs
         self._thresholds: Thresholds | None = None  # this optimiser step's entropy thresholds (mini-batch scope)
         self._capture: list | None = None  # entropies of the π_old forward, while one is being captured
-        self._deepspeed = self.accelerator.distributed_type.value == "DEEPSPEED"
-        if self._deepspeed and objective.uses_thresholds:
+        deepspeed = self.accelerator.distributed_type.value == "DEEPSPEED"
+        self._normaliser = Normaliser.choose(objective.loss_agg_mode, deepspeed)
+        if deepspeed and objective.uses_thresholds:
             warnings.warn("DeepSpeed: the kept-token normaliser is estimated per micro-batch (see stapo.trainer)")
         self._stop_at_end_of_turn()
 
@@ -125,7 +137,7 @@ class StapoGRPOTrainer(GRPOTrainer):
                 raise ValueError(f"train.lr_scheduler_type: {self.args.lr_scheduler_type!r} is not a per-step "
                                  "schedule (LambdaLR); use constant_with_warmup, constant, linear or cosine")
             self.lr_scheduler = per_rollout_schedule(scheduler, k)
-            self._created_lr_scheduler = True
+            trl_compat.mark_scheduler_created(self)
         return self.lr_scheduler
 
     # -- entropy thresholds at mini-batch scope --------------------------------------------------------------
@@ -162,9 +174,8 @@ class StapoGRPOTrainer(GRPOTrainer):
 
     def _prepare_inputs(self, generation_batch):
         inputs = super()._prepare_inputs(generation_batch)
-        if self.model.training and self._mini_batch_scope and self._step % self.current_gradient_accumulation_steps == 0:
-            first = self._step % self.args.steps_per_generation  # first micro-batch of a new optimiser step
-            step = self._buffered_inputs[first : first + self.current_gradient_accumulation_steps]
+        step = trl_compat.step_micro_batches(self) if self.model.training and self._mini_batch_scope else None
+        if step is not None:  # the first micro-batch of a new optimiser step
             cat = lambda key: torch.cat([b[key] for b in step])  # noqa: E731
             self._thresholds = step_thresholds(
                 self.objective, logps=cat("old_per_token_logps" if "stat_logps" not in step[0] else "stat_logps"),
@@ -187,7 +198,7 @@ class StapoGRPOTrainer(GRPOTrainer):
             self._diagnostics.observe(model=self.accelerator.unwrap_model(model), inputs=inputs, logps=logps,
                                       old_logps=logps.detach() if old_logps is None else old_logps,
                                       entropies=entropies)
-        token_mean = self.objective.loss_agg_mode == "token-mean"
+        token_mean = self._normaliser is not Normaliser.GRPO_SEQ_MEAN
         normalizer = self._provisional_normalizer(inputs) if (training and token_mean) else None
         loss, metrics = policy_loss(
             self.objective, logps=logps, old_logps=logps.detach() if old_logps is None else old_logps,
@@ -195,12 +206,14 @@ class StapoGRPOTrainer(GRPOTrainer):
             ref_logps=inputs.get("ref_per_token_logps") if self.beta != 0.0 else None,
             token_normalizer=normalizer, thresholds=self._thresholds if training and self._mini_batch_scope else None,
         )
-        if training and self._deepspeed and token_mean:
+        if training and self._normaliser is Normaliser.DEEPSPEED_KEPT_FRACTION:
             loss = loss * self._kept_fraction_correction(metrics, completion_mask)
-        if training and not token_mean:
+        if training and self._normaliser is Normaliser.GRPO_SEQ_MEAN:
             loss = loss / self.current_gradient_accumulation_steps  # TRL's grpo loss scaling
         if training:
-            self._accumulate(metrics, completion_mask, loss.detach())
+            if self._window is None:
+                self._window = StepAccumulator()
+            self._window.add(metrics, completion_mask, loss.detach())
         return loss
 
     def _provisional_normalizer(self, inputs) -> torch.Tensor:
@@ -208,24 +221,14 @@ class StapoGRPOTrainer(GRPOTrainer):
         if self._window is None:
             n = inputs["num_items_in_batch"].float().clamp(min=1.0) / self.accelerator.num_processes
             c = n * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-            self._window = {"c": c.clamp(min=1.0), "sums": None}
-        return self._window["c"]
+            self._window = StepAccumulator(normaliser=c.clamp(min=1.0))
+        return self._window.normaliser
 
     def _kept_fraction_correction(self, metrics, completion_mask) -> float:
         """DeepSpeed only: 1 / (global kept fraction of this micro-batch), so c·f estimates the kept count."""
         m = completion_mask.sum().float()
         stats = self.accelerator.reduce(torch.stack([m * metrics["kept_fraction"], m]), reduction="sum")
         return float(stats[1] / stats[0]) if float(stats[0]) > 0 else 1.0
-
-    def _accumulate(self, metrics: dict, completion_mask, loss) -> None:
-        """Token-weighted sums of the objective's metrics over the window, and the loss bookkeeping."""
-        if self._window is None:
-            self._window = {"c": None, "sums": None}
-        n = completion_mask.sum().float()
-        row = [n * metrics[k] for k in STEP_METRICS] + [n, n * metrics["kept_fraction"], loss]
-        row = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=n.device) for v in row])
-        w = self._window
-        w["sums"] = row if w["sums"] is None else w["sums"] + row
 
     # -- optimiser-step boundary ---------------------------------------------------------------------------
 
@@ -239,84 +242,23 @@ class StapoGRPOTrainer(GRPOTrainer):
 
     def _close_window(self, model) -> None:
         """Rescale gradients to the exact kept-token mean and log the step's token-weighted metrics."""
-        w, self._window = self._window, None
-        sums = self.accelerator.reduce(w["sums"], reduction="sum")
-        n_tokens, kept = sums[len(STEP_METRICS)], sums[len(STEP_METRICS) + 1]
-        for i, key in enumerate(STEP_METRICS):
-            self._metrics["train"][key].append(float(sums[i] / n_tokens.clamp(min=1.0)))
-        loss_sum, world = sums[-1], self.accelerator.num_processes  # Σ over ranks and micro-batches
-        if self.objective.loss_agg_mode != "token-mean" or self._deepspeed:
-            objective_loss = float(loss_sum) / world  # already scaled per micro-batch: the ranks' mean
-        else:
+        w, self._window = self._window.reduced(self.accelerator), None  # Σ over ranks and micro-batches
+        for key, value in w.means().items():
+            trl_compat.log_metric(self, key, value)
+        world = self.accelerator.num_processes
+        if self._normaliser is Normaliser.EXACT_RESCALE:
             # each micro-batch back-propagated S_j / c: the exact loss is Σ S / K and the gradients need × c·W / K
-            c = w["c"]
-            objective_loss = float(loss_sum * c / kept.clamp(min=1.0))
+            c, kept = w.normaliser, w.kept
+            objective_loss = float(w.loss * c / kept.clamp(min=1.0))
             factor = float(c * world / kept) if float(kept) > 0 else 1.0
             for p in model.parameters():
                 if p.grad is not None:
                     p.grad.mul_(factor)
-        self._metrics["train"]["objective_loss"].append(objective_loss)
+        else:
+            objective_loss = float(w.loss) / world  # already scaled per micro-batch: the ranks' mean
+        trl_compat.log_metric(self, "objective_loss", objective_loss)
         if self._diagnostics is not None:
             self._diagnostics.end_step(self.state.global_step + 1)  # global_step advances after this step
-
-
-def _accuracy_reward(reward_fn):
-    """Wrap a ±1 / 1-0 reward so each call also logs ``accuracy`` (fraction of completions with reward > 0)."""
-
-    def reward(prompts=None, completions=None, log_metric=None, **kwargs):
-        values = reward_fn(prompts=prompts, completions=completions, **kwargs)
-        if log_metric is not None and values:
-            log_metric("accuracy", sum(v > 0 for v in values) / len(values))
-        return values
-
-    reward.__name__ = reward_fn.__name__
-    return reward
-
-
-# ----------------------------------------------------------------------------------------------- callbacks
-
-# metrics.jsonl field <- key in TRL's per-step logs (TRL averages its per-micro-batch lists over the step)
-_LOG_FIELDS = {
-    "loss": "objective_loss", "reward_mean": "reward", "reward_std": "reward_std", "accuracy": "accuracy",
-    "grad_norm": "grad_norm", "response_length_mean": "completions/mean_length", "lr": "learning_rate",
-    **{k: k for k in STEP_METRICS},
-}
-
-
-class MetricsJsonl(TrainerCallback):
-    """Append one JSON line per optimiser step to ``path`` (flushed + fsynced, so a kill loses at most a line).
-
-    TRL logs the rollout's fields (reward, accuracy, lengths) only on the optimiser step that generated it; the
-    other k − 1 steps of the rollout batch repeat them, so every line is complete.
-    """
-
-    ROLLOUT_FIELDS = ("reward_mean", "reward_std", "accuracy", "response_length_mean")
-
-    def __init__(self, path: Path, k: int = 1):
-        self.path, self.k = Path(path), k  # k optimiser steps per rollout step
-        self._t0 = None
-        self._seconds = None
-        self._rollout: dict = {}
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._t0 = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self._seconds = time.perf_counter() - self._t0 if self._t0 is not None else None
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs or "objective_loss" not in logs:
-            return
-        row = {"step": state.global_step, "rollout_step": rollout_step(state.global_step, self.k)}
-        for name, key in _LOG_FIELDS.items():
-            value = logs.get(key)
-            row[name] = None if value is None or (isinstance(value, float) and math.isnan(value)) else value
-        if "reward" in logs:
-            self._rollout = {name: row[name] for name in self.ROLLOUT_FIELDS}
-        else:
-            row.update(self._rollout)
-        row["step_seconds"] = self._seconds
-        append_line(self.path, json.dumps(row))
 
 
 # --------------------------------------------------------------------------------------------------- build
@@ -393,7 +335,7 @@ def build_trainer(plan: Plan, out: Path, *, plain: bool = False, callbacks=(), *
     stop_ids = end_of_turn_token_ids(tokenizer)
     config = grpo_config(plan, out, state.num_processes, deepspeed=state.distributed_type.value == "DEEPSPEED",
                          stop_token_ids=stop_ids, **config_overrides)
-    kwargs = dict(model=model_dir, reward_funcs=[_accuracy_reward(REWARDS[plan.settings.reward])], args=config,
+    kwargs = dict(model=model_dir, reward_funcs=[accuracy_reward(REWARDS[plan.settings.reward])], args=config,
                   train_dataset=training_dataset(plan, tokenizer), processing_class=tokenizer,
                   callbacks=list(callbacks))
     if plain:
