@@ -8,11 +8,13 @@ same function, so the two can never drift apart.
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
 __all__ = ["PROMPT_SUFFIX", "build_prompt"]
 
+log = logging.getLogger("stapo.data")
 PROMPT_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
@@ -33,11 +35,11 @@ def build_prompt(problem: str, tokenizer=None) -> str:
 #     {name: dapo-math-17k-processed, config: en}             open-r1/DAPO-Math-17k-Processed ("all", "en", "cn")
 #     {name: synthetic-arith, n: 512, difficulty: 1, seed: 0} generated here, offline and deterministic
 #     {path: file.jsonl | file.json | file.parquet}           local rows with ``problem`` and ``answer`` fields
-# Every loader returns rows {problem, answer} (answer a string); the trainer turns them into prompts.
+# Every loader returns rows {problem, answer} (answer a string); training_dataset turns them into prompts.
 
 __all__ += [
     "DAPO_PREFIX", "DAPO_SUFFIX", "DatasetError", "synthetic_arith_rows", "read_rows", "strip_dapo_wrapper",
-    "dapo_math_rows", "load_problems", "validate_source",
+    "dapo_math_rows", "load_problems", "validate_source", "training_dataset",
 ]
 
 DAPO_HUB_ID = "BytedTsinghua-SIA/DAPO-Math-17k"
@@ -196,3 +198,22 @@ def load_problems(source: dict) -> list[dict]:
     if not rows:
         raise DatasetError(f"train.dataset: {source} gave no rows")
     return rows
+
+
+def training_dataset(source: dict, tokenizer, max_prompt_length: int):
+    """A datasets.Dataset with ``prompt`` (paper prompt, chat-templated) and ``answer`` columns; prompts longer
+    than ``max_prompt_length`` tokens are dropped (verl's filter_overlong_prompts), with a warning."""
+    from datasets import Dataset
+
+    rows, dropped = [], 0
+    for row in load_problems(source):
+        prompt = build_prompt(row["problem"], tokenizer)
+        if len(tokenizer(prompt)["input_ids"]) > max_prompt_length:
+            dropped += 1
+            continue
+        rows.append({"prompt": prompt, "answer": row["answer"]})
+    if dropped:
+        log.warning("dropped %d prompts longer than train.max_prompt_length=%d", dropped, max_prompt_length)
+    if not rows:
+        raise ValueError("train.max_prompt_length: every prompt is longer than the limit")
+    return Dataset.from_list(rows)

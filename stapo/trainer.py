@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from stapo.data import build_prompt, load_problems
+from stapo.data import training_dataset
 from stapo.diagnostics import TokenDiagnostics
 from stapo import rundir, trl_compat
 from stapo.metrics import MetricsJsonl, StepAccumulator, accuracy_reward
@@ -109,19 +109,11 @@ class StapoGRPOTrainer(GRPOTrainer):
         self._normaliser = Normaliser.choose(objective.loss_agg_mode, deepspeed)
         if deepspeed and objective.uses_thresholds:
             warnings.warn("DeepSpeed: the kept-token normaliser is estimated per micro-batch (see stapo.trainer)")
-        self._stop_at_end_of_turn()
+        trl_compat.stop_at(self, end_of_turn_token_ids(self.processing_class))  # vLLM: grpo_config's stop ids
 
     @property
     def _mini_batch_scope(self) -> bool:
         return self.objective.uses_thresholds and self.objective.quantile_scope == "mini_batch"
-
-    def _stop_at_end_of_turn(self) -> None:
-        """HF generation and the completion mask end at every end-of-turn token (vLLM: grpo_config's stop ids)."""
-        ids = end_of_turn_token_ids(self.processing_class)
-        self.eos_token_ids = list(dict.fromkeys([*self.eos_token_ids, *ids]))
-        if not self.use_vllm:
-            self.generation_kwargs["eos_token_id"] = self.eos_token_ids
-            self.generation_config.eos_token_id = self.eos_token_ids
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """The recipe's schedule in rollout steps, advanced once per rollout batch (stapo.schedule)."""
@@ -304,25 +296,6 @@ def grpo_config(plan: Plan, out: Path, num_processes: int = 1, *, deepspeed: boo
     return GRPOConfig(**kwargs)
 
 
-def training_dataset(plan: Plan, tokenizer):
-    """A datasets.Dataset with ``prompt`` (paper prompt, chat-templated) and ``answer`` columns."""
-    from datasets import Dataset
-
-    rows, dropped = [], 0
-    for row in load_problems(plan.settings.dataset):
-        prompt = build_prompt(row["problem"], tokenizer)
-        if len(tokenizer(prompt)["input_ids"]) > plan.settings.max_prompt_length:
-            dropped += 1
-            continue
-        rows.append({"prompt": prompt, "answer": row["answer"]})
-    if dropped:
-        log.warning("dropped %d prompts longer than train.max_prompt_length=%d", dropped,
-                    plan.settings.max_prompt_length)
-    if not rows:
-        raise ValueError("train.max_prompt_length: every prompt is longer than the limit")
-    return Dataset.from_list(rows)
-
-
 def build_trainer(plan: Plan, out: Path, *, plain: bool = False, callbacks=(), **config_overrides):
     """The StapoGRPOTrainer for ``plan`` (or, ``plain=True``, a stock GRPOTrainer with loss_type="dapo")."""
     from transformers import AutoTokenizer
@@ -335,12 +308,12 @@ def build_trainer(plan: Plan, out: Path, *, plain: bool = False, callbacks=(), *
     stop_ids = end_of_turn_token_ids(tokenizer)
     config = grpo_config(plan, out, state.num_processes, deepspeed=state.distributed_type.value == "DEEPSPEED",
                          stop_token_ids=stop_ids, **config_overrides)
-    kwargs = dict(model=model_dir, reward_funcs=[accuracy_reward(REWARDS[plan.settings.reward])], args=config,
-                  train_dataset=training_dataset(plan, tokenizer), processing_class=tokenizer,
+    s = plan.settings
+    kwargs = dict(model=model_dir, reward_funcs=[accuracy_reward(REWARDS[s.reward])], args=config,
+                  train_dataset=training_dataset(s.dataset, tokenizer, s.max_prompt_length), processing_class=tokenizer,
                   callbacks=list(callbacks))
     if plain:
         return GRPOTrainer(**kwargs)
-    s = plan.settings
     diagnostics = None
     if s.diagnostics_every > 0:
         diagnostics = TokenDiagnostics(out, every=s.diagnostics_every, objective=plan.objective, tokenizer=tokenizer,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import inspect
 
-__all__ = ["TESTED_TRL", "check_trl", "check_instance", "log_metric", "step_micro_batches", "mark_scheduler_created",
-           "gathered_lm_head", "log_sum_sq_probs"]
+__all__ = ["TESTED_TRL", "check_trl", "check_instance", "log_metric", "step_micro_batches", "stop_at",
+           "mark_scheduler_created", "gathered_lm_head", "log_sum_sq_probs"]
 
 TESTED_TRL = "1.16"
 
@@ -41,7 +41,8 @@ CALL_SITES = (
     ("_prepare_inputs", "self._buffered_inputs[self._step % self.args.steps_per_generation]"),
     ("training_step", "self._step += 1"),
 )
-ATTRIBUTES = ("_metrics", "_buffered_inputs", "_step", "_created_lr_scheduler")
+ATTRIBUTES = ("_metrics", "_buffered_inputs", "_step", "_created_lr_scheduler", "eos_token_ids", "use_vllm")
+HF_GENERATION_ATTRIBUTES = ("generation_kwargs", "generation_config")  # without vLLM
 KERNEL_PARAMETERS = ("ctx", "hidden", "weight", "bias", "targets", "temperature", "chunk_size",
                      "final_logit_softcapping", "logit_scale", "outputs")
 KERNEL_RETURN = "return logprobs, entropy, log_sum_sq_probs"  # log Σπ² is output 2 (stapo.diagnostics)
@@ -103,7 +104,8 @@ def check_trl() -> None:
 
 def check_instance(trainer) -> None:
     """Raise a RuntimeError if TRL's ``__init__`` no longer sets the ATTRIBUTES (``_metrics`` with a train log)."""
-    problems = [f"GRPOTrainer.__init__ no longer sets self.{name}" for name in ATTRIBUTES if not hasattr(trainer, name)]
+    names = ATTRIBUTES + (HF_GENERATION_ATTRIBUTES if not getattr(trainer, "use_vllm", True) else ())
+    problems = [f"GRPOTrainer.__init__ no longer sets self.{name}" for name in names if not hasattr(trainer, name)]
     if hasattr(trainer, "_metrics") and "train" not in trainer._metrics:
         problems.append("GRPOTrainer._metrics has no 'train' log")
     _fail(problems)
@@ -125,6 +127,14 @@ def step_micro_batches(trainer) -> list[dict] | None:
         return None
     first = trainer._step % trainer.args.steps_per_generation
     return trainer._buffered_inputs[first : first + accumulation]
+
+
+def stop_at(trainer, token_ids: list[int]) -> None:
+    """Also end HF-generated rollouts, and close TRL's completion mask, at each of ``token_ids``."""
+    trainer.eos_token_ids = list(dict.fromkeys([*trainer.eos_token_ids, *token_ids]))
+    if not trainer.use_vllm:
+        trainer.generation_kwargs["eos_token_id"] = trainer.eos_token_ids
+        trainer.generation_config.eos_token_id = trainer.eos_token_ids
 
 
 def mark_scheduler_created(trainer) -> None:

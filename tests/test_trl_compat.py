@@ -88,11 +88,16 @@ def test_kernel_output_order_change_is_named(monkeypatch):
 
 
 def test_missing_instance_attributes_are_named():
-    with _raises(r"self\._metrics", r"self\._buffered_inputs", r"self\._step", r"self\._created_lr_scheduler"):
+    with _raises(r"self\._metrics", r"self\._buffered_inputs", r"self\._step", r"self\._created_lr_scheduler",
+                 r"self\.eos_token_ids", r"self\.use_vllm"):
         trl_compat.check_instance(SimpleNamespace())
+    attributes = dict(_metrics={"train": {}}, _buffered_inputs=None, _step=0, _created_lr_scheduler=False,
+                      eos_token_ids=[1], use_vllm=True)
+    trl_compat.check_instance(SimpleNamespace(**attributes))
     with _raises("_metrics has no 'train' log"):
-        trl_compat.check_instance(SimpleNamespace(_metrics={}, _buffered_inputs=None, _step=0,
-                                                  _created_lr_scheduler=False))
+        trl_compat.check_instance(SimpleNamespace(**{**attributes, "_metrics": {}}))
+    with _raises(r"self\.generation_kwargs", r"self\.generation_config"):  # HF generation's stop tokens
+        trl_compat.check_instance(SimpleNamespace(**{**attributes, "use_vllm": False}))
 
 
 def test_step_micro_batches_follow_trl_buffer_indexing():
