@@ -190,31 +190,28 @@ class StapoGRPOTrainer(GRPOTrainer):
             self._diagnostics.observe(model=self.accelerator.unwrap_model(model), inputs=inputs, logps=logps,
                                       old_logps=logps.detach() if old_logps is None else old_logps,
                                       entropies=entropies)
-        token_mean = self._normaliser is not Normaliser.GRPO_SEQ_MEAN
-        normalizer = self._provisional_normalizer(inputs) if (training and token_mean) else None
+        if training and self._window is None:  # the optimiser step's first micro-batch
+            token_mean = self._normaliser is not Normaliser.GRPO_SEQ_MEAN
+            self._window = StepAccumulator(normaliser=self._provisional_normalizer(inputs) if token_mean else None)
         loss, metrics = policy_loss(
             self.objective, logps=logps, old_logps=logps.detach() if old_logps is None else old_logps,
             advantages=inputs["advantages"], entropies=entropies, completion_mask=completion_mask,
             ref_logps=inputs.get("ref_per_token_logps") if self.beta != 0.0 else None,
-            token_normalizer=normalizer, thresholds=self._thresholds if training and self._mini_batch_scope else None,
+            token_normalizer=self._window.normaliser if training else None, thresholds=self._thresholds if training and self._mini_batch_scope else None,
         )
         if training and self._normaliser is Normaliser.DEEPSPEED_KEPT_FRACTION:
             loss = loss * self._kept_fraction_correction(metrics, completion_mask)
         if training and self._normaliser is Normaliser.GRPO_SEQ_MEAN:
             loss = loss / self.current_gradient_accumulation_steps  # TRL's grpo loss scaling
         if training:
-            if self._window is None:
-                self._window = StepAccumulator()
             self._window.add(metrics, completion_mask, loss.detach())
         return loss
 
     def _provisional_normalizer(self, inputs) -> torch.Tensor:
         """The constant c of the window: TRL's dapo normaliser (window completion tokens per process)."""
-        if self._window is None:
-            n = inputs["num_items_in_batch"].float().clamp(min=1.0) / self.accelerator.num_processes
-            c = n * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-            self._window = StepAccumulator(normaliser=c.clamp(min=1.0))
-        return self._window.normaliser
+        n = inputs["num_items_in_batch"].float().clamp(min=1.0) / self.accelerator.num_processes
+        c = n * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return c.clamp(min=1.0)
 
     def _kept_fraction_correction(self, metrics, completion_mask) -> float:
         """DeepSpeed only: 1 / (global kept fraction of this micro-batch), so c·f estimates the kept count."""
