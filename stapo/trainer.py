@@ -4,6 +4,7 @@ The trainer is ``trl.GRPOTrainer`` with one change: the loss is :func:`stapo.obj
 configured method, fed with TRL's per-token log-probs and entropies from its one policy forward pass
 (``_get_per_token_logps_and_entropies``; no full logits, no second pass). Generation, rewards, advantages
 (group-normalised, paper Eq. 1), reference model (GRPO's KL), vLLM and DeepSpeed are TRL's and accelerate's.
+TRL's private names the trainer overrides, calls or reads are listed, reached and checked in stapo.trl_compat.
 
 The run's configuration is a :class:`stapo.study.Plan` (the study's model entry, method objective and train
 section; batch semantics and their TRL mapping in stapo/study/train.py). TRL shuffles the rollout batch at completion level before splitting it, so an optimiser step holds 512 random

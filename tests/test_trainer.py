@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)  # 2 shared cores: oversubscribed OpenMP threads make tiny matmuls ~100x slower
@@ -268,7 +269,7 @@ def test_each_method_trains_and_writes_outputs(tmp_path, coin, method):
         assert rundir.problems(ckpt) == [] and (ckpt / "tokenizer.json").exists() and (ckpt / "optimizer.pt").exists()
     assert final == tmp_path / "final" and (final / "config.json").exists() and (final / "tokenizer.json").exists()
     assert rundir.verify_final(tmp_path, 2)
-    resolved = T.yaml.safe_load((tmp_path / "config.yaml").read_text())
+    resolved = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert resolved["method"]["method"] == method and resolved["trl"]["gradient_accumulation_steps"] == 2
     # weights change after one step
     from stapo.models import resolve_model
