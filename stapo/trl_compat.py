@@ -11,7 +11,8 @@ raise a RuntimeError naming the TRL version and every changed name.
 - OVERRIDDEN: methods TRL calls on the trainer with its own arguments, so their parameters must match exactly.
 - CALLED: methods and functions the trainer calls; their leading parameters must match (new trailing optional
   parameters are harmless).
-- CALL_SITES: TRL code that must still call an override, or index the rollout buffer as the trainer assumes.
+- CALL_SITES: TRL code that must still call an override, index the rollout buffer or return what the trainer
+  assumes. BATCH_KEYS: the rollout batch's keys the trainer reads.
 - ATTRIBUTES: instance attributes of TRL's GRPOTrainer / transformers' Trainer the trainer reads or writes.
 """
 
@@ -40,7 +41,10 @@ CALL_SITES = (
     ("_prepare_inputs", "self._generate_and_score_completions(generation_batch)"),
     ("_prepare_inputs", "self._buffered_inputs[self._step % self.args.steps_per_generation]"),
     ("training_step", "self._step += 1"),
+    ("_get_per_token_logps_and_entropies", "return logps, entropies, aux_loss"),
 )
+BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
+              "old_per_token_logps", "ref_per_token_logps")
 ATTRIBUTES = ("_metrics", "_buffered_inputs", "_step", "_created_lr_scheduler", "eos_token_ids", "use_vllm")
 HF_GENERATION_ATTRIBUTES = ("generation_kwargs", "generation_config")  # without vLLM
 KERNEL_PARAMETERS = ("ctx", "hidden", "weight", "bias", "targets", "temperature", "chunk_size",
@@ -72,6 +76,9 @@ def _problems(grpo, kernel, gather) -> list[str]:
     for name, snippet in CALL_SITES:
         if snippet not in _source(getattr(grpo, name, None)):
             problems.append(f"GRPOTrainer.{name} no longer contains `{snippet}`")
+    rollout = _source(getattr(grpo, "_generate_and_score_completions", None))
+    problems += [f"GRPOTrainer._generate_and_score_completions no longer returns {key!r}"
+                 for key in BATCH_KEYS if f'"{key}"' not in rollout]
     forward = getattr(kernel, "forward", None)
     if forward is None or _parameters(forward)[: len(KERNEL_PARAMETERS)] != KERNEL_PARAMETERS:
         problems.append(f"trl.kernels.ChunkedLogProbFunction.forward no longer has the parameters {KERNEL_PARAMETERS}")

@@ -65,6 +65,16 @@ def test_override_no_longer_called_is_named(monkeypatch):
         trl_compat.check_trl()
 
 
+def test_renamed_rollout_batch_key_is_named(monkeypatch):
+    def rollout(self, inputs):
+        return {"prompt_ids": 0, "prompt_mask": 0, "completion_ids": 0, "completion_mask": 0, "advantages": 0,
+                "num_items": 0, "old_per_token_logps": 0, "ref_per_token_logps": 0}
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", rollout)
+    with _raises("_generate_and_score_completions no longer returns 'num_items_in_batch'"):
+        trl_compat.check_trl()
+
+
 def test_kernel_changes_are_named(monkeypatch):
     kernel = trl.kernels.ChunkedLogProbFunction
 
