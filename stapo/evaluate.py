@@ -8,8 +8,9 @@ Generation is lm-eval's (``hf`` backend on CPU, ``vllm`` on GPU) over the ``stap
 stapo/tasks, through a resumable, seeded cache next to the output (stapo.generation): a killed evaluation, rerun,
 generates only what is missing and gets the completions an uninterrupted run would have got.
 
-Everything that can be checked without the model is checked first (``preflight``: the benchmark file, ``--out``,
-the cache; the recipe, verifier settings included, when it is read), so a bad input fails in seconds with one line naming the file.
+Everything that can be checked without the model is checked first (the recipe, verifier settings included, when
+it is read; then ``preflight``: the benchmark file, ``--out``, the cache), so a bad input fails in seconds with one
+line naming the file.
 
 Grading (stapo.grading; README "How scores are computed"): the reported verdict is strict (the final ``\\boxed{}``
 only); the lenient fallback is kept per sample as a diagnostic. With ``eval.verifier`` set, an LLM verifier
