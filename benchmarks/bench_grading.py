@@ -10,8 +10,11 @@
    one process (``grade_one`` in the main thread), rounds alternating the order; CPU seconds are recorded too, since
    on a shared machine free cores, not the code, bound the wall-clock speed-up. Plain math-verify defaults
    (``parse`` + ``verify``) for reference.
+   grade() grades identical (final box, gold) pairs once; these 2,000 pairs hold 1,382 distinct ones (golds repeat,
+   as avg@N's samples of one problem do), so the same passes are also timed on the distinct pairs alone: that
+   speed-up is the process pool's, without the deduplication.
    Target: >= 1.8x speed-up on 2 cores.
-2. 50 adversarial completions (1 MB of text, ``9^{9^{9^{9}}}``, 500-deep nested braces, ``__import__('os')...``
+2. 50 distinct adversarial completions (1 MB of text, ``9^{9^{9^{9}}}``, 500-deep nested braces, ``__import__('os')...``
    payloads). Target: done within 50 x timeout / workers + 10 s, and /tmp/pwned never created.
 
 Figures (2026-12-02, 2 CPU cores shared with two other sessions, load average ~4.8, kernel autogroup scheduling
@@ -100,20 +103,23 @@ def make_pairs(golds: list[str], n: int, seed: int = 0) -> tuple[list[str], list
 
 
 def adversarial(n: int = 50) -> tuple[list[str], list[str]]:
-    payload = "__import__('os').system('touch /tmp/pwned')"
+    """``n`` distinct hostile completions (10 kinds, each varied by its index so that no two are graded as one)."""
+    def payload(i: int) -> str:
+        return f"__import__('os').system('touch /tmp/pwned') or {i}"
+
     kinds = [
-        "x" * 1_000_000 + "\\boxed{1}",
-        "\\boxed{9^{9^{9^{9}}}}",
-        "\\boxed{" + "{" * 500 + "1" + "}" * 500 + "}",
-        f"\\boxed{{{payload}}}",
-        f"The answer is ${payload}$",
-        payload,
-        "\\boxed{" + "9^{" * 50 + "9" + "}" * 50 + "}",
-        "{" * 500 + "\\boxed{2}",
-        "\\boxed{eval(compile('import os; os.system(\"touch /tmp/pwned\")','x','exec'))}",
-        "\\boxed{10^{10^{10^{10}}}!}",
+        lambda i: "x" * 1_000_000 + f"\\boxed{{{i % 7}}}",
+        lambda i: f"\\boxed{{9^{{9^{{9^{{{9 + i}}}}}}}}}",
+        lambda i: "\\boxed{" + "{" * (500 + i) + "1" + "}" * (500 + i) + "}",
+        lambda i: f"\\boxed{{{payload(i)}}}",
+        lambda i: f"The answer is ${payload(i)}$",
+        lambda i: payload(i),
+        lambda i: "\\boxed{" + "9^{" * (50 + i) + "9" + "}" * (50 + i) + "}",
+        lambda i: "{" * (500 + i) + f"\\boxed{{{2 + i}}}",
+        lambda i: f"\\boxed{{eval(compile('import os; os.system(\"touch /tmp/pwned\")','x{i}','exec'))}}",
+        lambda i: f"\\boxed{{10^{{10^{{10^{{{10 + i}}}}}}}!}}",
     ]
-    completions = [kinds[i % len(kinds)] for i in range(n)]
+    completions = [kinds[i % len(kinds)](i) for i in range(n)]
     return completions, ["1"] * n
 
 
@@ -142,9 +148,9 @@ def one_pass(mode: str, comps: list[str], golds: list[str], timeout: float, work
     return {"seconds": seconds, "cpu": cpu, "verdicts": [g.correct for g in out]}
 
 
-def child_pass(mode: str, args, workers: int) -> dict:
+def child_pass(mode: str, args, workers: int, distinct: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--mode", mode, "--pairs", str(args.pairs), "--workers", str(workers),
-           "--timeout", str(args.timeout), "--data-dir", str(args.data_dir)]
+           "--timeout", str(args.timeout), "--data-dir", str(args.data_dir)] + (["--distinct"] if distinct else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -166,24 +172,32 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=5.0)
     p.add_argument("--rounds", type=int, default=2, help="fresh-process passes per method, order alternating")
     p.add_argument("--mode", choices=["seq", "pool"], help=argparse.SUPPRESS)  # internal: one child pass
+    p.add_argument("--distinct", action="store_true", help=argparse.SUPPRESS)  # internal: distinct pairs only
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args()
     workers = args.workers or default_workers()
 
     comps, golds = make_pairs(load_golds(args.data_dir), args.pairs)
+    distinct = list(dict.fromkeys(zip(comps, golds)))  # no repeated (completion, gold): the pool alone
     if args.mode:  # child: one timed pass in a fresh process, figures on stdout
+        if args.distinct:
+            comps, golds = [c for c, _ in distinct], [g for _, g in distinct]
         print(json.dumps(one_pass(args.mode, comps, golds, args.timeout, workers)))
         return
     # Each pass runs in a fresh process (cold caches for both), alternating the order to spread the load of other
     # jobs on a shared machine; totals over the rounds.
     passes = {"seq": [], "pool": []}
+    unique = {"seq": [], "pool": []}
     for r in range(args.rounds):
         for mode in ("seq", "pool") if r % 2 == 0 else ("pool", "seq"):
             passes[mode].append(child_pass(mode, args, workers))
+            unique[mode].append(child_pass(mode, args, workers, distinct=True))
     t_seq = sum(p["seconds"] for p in passes["seq"])
     t_warm = sum(p["seconds"] for p in passes["pool"])
     n_total = len(comps) * args.rounds
     assert all(p["verdicts"] == passes["seq"][0]["verdicts"] for p in passes["seq"] + passes["pool"])
+    assert all(p["verdicts"] == unique["seq"][0]["verdicts"] for p in unique["seq"] + unique["pool"])
+    t_seq_u, t_pool_u = (sum(p["seconds"] for p in unique[m]) for m in ("seq", "pool"))
     raw_ok, t_raw = timed(raw_math_verify, comps, golds)
 
     PWNED.unlink(missing_ok=True)
@@ -199,6 +213,9 @@ def main() -> None:
         "sequential_cpu_seconds": sum(p["cpu"] for p in passes["seq"]),
         "raw_math_verify_defaults_answers_per_s": len(comps) / t_raw, "raw_math_verify_correct": raw_ok,
         "speedup": t_seq / t_warm, "load_average_1min": os.getloadavg()[0],
+        "distinct_pairs": len(distinct), "speedup_distinct_pairs": t_seq_u / t_pool_u,
+        "distinct_grade_cpu_seconds": sum(p["cpu"] for p in unique["pool"]),
+        "distinct_sequential_cpu_seconds": sum(p["cpu"] for p in unique["seq"]),
         "adversarial_seconds": t_adv, "adversarial_budget_seconds": budget, "adversarial_status": status,
         "adversarial_any_correct": any(g.correct for g in adv_grades), "pwned_file_created": PWNED.exists(),
     }

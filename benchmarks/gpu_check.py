@@ -188,15 +188,13 @@ def resolved_plans(recipe: dict, methods: list[str]) -> dict:
     from stapo.vllm_settings import trl_vllm_kwargs
 
     register_coin()
-    out = {}
-    for method in methods:
-        plan = study.resolve_plan(recipe, MODEL_KEY, method)
-        grad_accum, per_generation = study.accumulation(plan.settings, 1)
-        out[method] = {"objective": plan.objective.method, "gradient_accumulation_steps": grad_accum,
-                       "steps_per_generation": per_generation,
-                       "completions_per_step": plan.settings.prompts_per_step * plan.settings.num_generations,
-                       "vllm": trl_vllm_kwargs(plan.settings, "cuda", check=False)}
-    return out
+    parsed = study.parse(recipe, required=study.TRAIN_SECTIONS, check_runs=False)  # the model is built later
+    settings = parsed.train_settings(MODEL_KEY)
+    grad_accum, per_generation = study.accumulation(settings, 1)
+    return {method: {"objective": parsed.methods[method].method, "gradient_accumulation_steps": grad_accum,
+                     "steps_per_generation": per_generation,
+                     "completions_per_step": settings.prompts_per_step * settings.num_generations,
+                     "vllm": trl_vllm_kwargs(settings, "cuda", check=False)} for method in methods}
 
 
 def eval_argv(recipe_path: Path, model_dir: str, out: Path) -> list[str]:
@@ -278,6 +276,7 @@ def eval_worker(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
     from stapo import evaluate as E
+    from stapo import generation as G
 
     out = Path(args.out)
     model_dir = yaml.safe_load((out / "recipe.yaml").read_text())["models"][MODEL_KEY]["spec"]
@@ -286,7 +285,7 @@ def eval_worker(args: argparse.Namespace) -> dict:
     cfg = E.resolve_config(parser.parse_args(eval_argv(out / "recipe.yaml", model_dir, out)))
     cache = out / "eval" / "arith.cache.sqlite"
     cache.unlink(missing_ok=True)
-    starts, build_lm = [], E.build_lm
+    starts, build_lm = [], G.build_lm
 
     def timed_build(*a, **kw):
         t0 = time.perf_counter()
@@ -294,9 +293,9 @@ def eval_worker(args: argparse.Namespace) -> dict:
         starts.append(time.perf_counter() - t0)
         return lm
 
-    E.build_lm = timed_build
+    G.build_lm = timed_build
     t0 = time.perf_counter()
-    problems, _ = E.generate(cfg, str(model_dir), cache)
+    problems, _ = G.generate(cfg, str(model_dir), G.GenerationCache(cache))
     seconds = time.perf_counter() - t0
     tok = AutoTokenizer.from_pretrained(model_dir)
     texts = [c for p in problems for c in p["completions"]]

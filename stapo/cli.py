@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _precheck(argv: list[str]) -> None:
-    """stapo train: validate the study and the (model, method) run before the trainer's imports (torch, TRL: seconds)."""
+    """stapo train: validate the study and the (model, method) run before the trainer's imports (torch, TRL)."""
     if not argv or argv[0] != "train":
         return
     pre = argparse.ArgumentParser(add_help=False)

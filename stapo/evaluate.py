@@ -2,19 +2,15 @@
 
 Protocol (paper, Evaluation): zero-shot, the training prompt, N samples per problem (avg@32 on AIME24/AIME25/AMC23,
 avg@4 elsewhere), max 20,480 new tokens, settings t1.0_p1.0 and t0.7_p0.9. Values come from the recipe's ``eval``
-section (contract) with these paper defaults, and ``--samples/--limit/--max-new-tokens`` override them.
+section (stapo.study.EvalSection) with these paper defaults, and ``--samples/--limit/--max-new-tokens`` override them.
 
 Generation is lm-eval's (``hf`` backend on CPU, ``vllm`` on GPU) over the ``stapo_<benchmark>`` tasks in
-stapo/tasks, stopping at every end-of-turn token of the model's tokenizer (``stapo.models.end_of_turn_tokens``:
-Qwen3-Base's EOS is ``<|endoftext|>`` but its chat template ends a turn with ``<|im_end|>``). lm-eval's own request
-cache skips sampled requests (every repeat would be identical), so generations go through :class:`ResumableLM`: a
-sqlite cache next to the output (``FILE.cache.sqlite``) keyed by the weights' fingerprint (``model_fingerprint``),
-every generation parameter (backend, its settings, seed, stop tokens, sampling) and (prompt, repeat index),
-committed chunk by chunk. A killed evaluation, rerun, generates only what is missing, and gets the completions an
-uninterrupted run would have got (per-chunk seeds on ``hf``, per-request seeds on ``vllm``; see ResumableLM).
+stapo/tasks, through a resumable, seeded cache next to the output (stapo.generation): a killed evaluation, rerun,
+generates only what is missing and gets the completions an uninterrupted run would have got.
 
-Everything that can be checked without the model is checked first (``preflight``: the benchmark file, ``--out``,
-the cache, the verifier settings), so a bad input fails in seconds with one line naming the file.
+Everything that can be checked without the model is checked first (the recipe, verifier settings included, when
+it is read; then ``preflight``: the benchmark file, ``--out``, the cache), so a bad input fails in seconds with one
+line naming the file.
 
 Grading (stapo.grading; README "How scores are computed"): the reported verdict is strict (the final ``\\boxed{}``
 only); the lenient fallback is kept per sample as a diagnostic. With ``eval.verifier`` set, an LLM verifier
@@ -22,7 +18,7 @@ only); the lenient fallback is kept per sample as a diagnostic. With ``eval.veri
 
 Outputs (written atomically): FILE.jsonl, one record per sample {problem_id, sample, completion, extracted, gold,
 correct, status, correct_fallback, extracted_fallback, tokens, truncated} (+ verifier, correct_verified); then
-FILE.summary.json (contract keys: avg@N with a 95 % bootstrap CI over problems, unbiased pass@1 and pass@N, maj@N,
+FILE.summary.json (stapo.scoring: avg@N with a 95 % bootstrap CI over problems, unbiased pass@1 and pass@N, maj@N,
 counts, truncation and no-box rates, the fallback and verifier-corrected avg@N, generation settings, model,
 lm-eval version).
 """
@@ -30,72 +26,31 @@ lm-eval version).
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import hashlib
 import json
 import logging
 import os
 import sqlite3
 import tempfile
 import time
-from collections import Counter
-from dataclasses import dataclass, field
-from math import comb
 from pathlib import Path
 
-import numpy as np
-
-from stapo.atomic import atomic_write, atomic_write_json
 from stapo import study
-from stapo.study.evaluation import BACKENDS, EvalSection
-from stapo.tasks.registry import BENCHMARKS, SETTINGS, TASKS_DIR, task_name
+from stapo.atomic import atomic_write, atomic_write_json
+from stapo.generation import GenerationCache, cache_path, generate, with_stop_tokens
+from stapo.grading import grade
+from stapo.models import resolve_model
+from stapo.scoring import build_records, summarize
+from stapo.study.evaluation import BACKENDS, EvalConfig, EvalSection
+from stapo.tasks.registry import BENCHMARKS, SETTINGS, _tokenizer, benchmark_file, read_benchmark_file
+from stapo.verifier import apply_verifier
 
-__all__ = ["add_arguments", "run", "EvalConfig", "EvalInputError", "load_eval_section", "avg_at_n", "pass_at_k",
-           "maj_at_n", "bootstrap_ci", "summarize", "ResumableLM", "CHUNK_REQUESTS", "model_fingerprint", "preflight"]
+__all__ = ["add_arguments", "run", "EvalInputError", "load_eval_section", "resolve_config", "preflight",
+           "grade_records", "summary_path"]
 
 log = logging.getLogger("stapo.eval")
 
-MAX_PROMPT_TOKENS = 1024  # paper: max prompt length 1k
-CHUNK_REQUESTS = {"hf": 16, "vllm": 2048}  # requests generated between two cache commits
-BOOTSTRAP_ITERS = 10_000
-
 
 # ------------------------------------------------------------------------------------------------ config
-
-
-@dataclass
-class EvalConfig:
-    """Fully resolved settings of one evaluation (what the summary's ``generation`` block records)."""
-
-    benchmark: str
-    setting: str
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    n: int
-    backend: str
-    limit: int | None
-    data_dir: str | None
-    seed: int
-    backend_args: dict = field(default_factory=dict)
-    arith: dict = field(default_factory=dict)
-    verifier: dict | None = None
-    stop: list[str] = field(default_factory=list)  # end-of-turn token strings (set from the tokenizer)
-    stop_ids: list[int] = field(default_factory=list)  # their ids
-
-    def gen_kwargs(self) -> dict:
-        """lm-eval generation_kwargs: sampled, no top-k cut (vLLM's default; HF's default would be 50).
-
-        Stops at every end-of-turn token: as stop strings (lm-eval cuts the text there) and as token ids, so that
-        each sequence ends at its own stop token (HF ``eos_token_id``, vLLM ``stop_token_ids``) instead of running
-        on until the whole batch is done (HF decodes with special tokens skipped, so a string cut alone misses it).
-        """
-        top_k = 0 if self.backend == "hf" else -1
-        kwargs = {"until": list(self.stop), "do_sample": True, "temperature": self.temperature, "top_p": self.top_p,
-                  "top_k": top_k, "max_gen_toks": self.max_new_tokens}
-        if self.stop_ids:
-            kwargs["eos_token_id" if self.backend == "hf" else "stop_token_ids"] = list(self.stop_ids)
-        return kwargs
 
 
 def load_eval_section(recipe: str | Path | None) -> EvalSection:
@@ -147,8 +102,6 @@ class EvalInputError(ValueError):
 
 def _check_benchmark_data(cfg: EvalConfig) -> None:
     """The benchmark's jsonl (bundled, or under ``data_dir``) exists and every row has id/problem/answer."""
-    from stapo.tasks.registry import benchmark_file, read_benchmark_file
-
     path = benchmark_file(cfg.benchmark, cfg.data_dir)
     if path is None:  # the hub (checked when downloaded) or the generated arith
         return
@@ -177,7 +130,7 @@ def _check_writable(out: Path) -> None:
         raise EvalInputError(f"--out: cannot write in {out.parent} ({err.strerror})") from None
 
 
-def preflight(cfg: EvalConfig, out: Path) -> "_Store":
+def preflight(cfg: EvalConfig, out: Path) -> "GenerationCache":
     """Every check that needs no model, in the order a user fixes them; returns the opened generation cache.
 
     Raises EvalInputError (one line naming the file): missing data dir or benchmark file, a row without
@@ -188,333 +141,16 @@ def preflight(cfg: EvalConfig, out: Path) -> "_Store":
     _check_writable(out)
     cache = cache_path(out)
     try:
-        return _Store(cache)
+        return GenerationCache(cache)
     except sqlite3.Error as err:
         raise EvalInputError(f"generation cache {cache}: {err} (delete it to start afresh)") from None
-
-
-def cache_path(out: Path) -> Path:
-    return out.with_name(out.name + ".cache.sqlite")
-
-
-# Files whose bytes decide what a checkpoint generates (weights, their index, config, tokenizer).
-_FINGERPRINT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".model", ".txt", ".jinja")
-
-
-def model_fingerprint(model_path: str) -> str:
-    """A cache key for the weights behind ``model_path`` (not its name).
-
-    Local directory: sha256 over (name, size, mtime_ns) of its weight, index, config and tokenizer files, so
-    replacing a checkpoint at the same path (a rerun of training) changes the key; copying one only costs a
-    regeneration. Hub id: the id and the cached snapshot's commit when the HF cache has one (``HF_HUB_OFFLINE``
-    runs use exactly that snapshot), else the id alone.
-    """
-    path = Path(model_path)
-    if path.is_dir():
-        entries = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir()
-                         if p.is_file() and p.suffix in _FINGERPRINT_SUFFIXES)
-        return "sha256:" + hashlib.sha256(json.dumps(entries).encode()).hexdigest()
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(model_path, "config.json")
-    except Exception:  # not a valid repo id for the cache lookup
-        found = None
-    return f"{model_path}@{Path(found).parent.name}" if isinstance(found, str) else model_path
-
-
-# -------------------------------------------------------------------------------------- resumable generation
-
-
-class _Store:
-    """sqlite key -> completion text, committed after every chunk (survives a kill)."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(path))
-        self.db.execute("CREATE TABLE IF NOT EXISTS gen (key TEXT PRIMARY KEY, text TEXT NOT NULL)")
-        self.db.commit()
-
-    def get_many(self, keys: list[str]) -> dict[str, str]:
-        found = {}
-        for i in range(0, len(keys), 500):
-            part = keys[i : i + 500]
-            q = f"SELECT key, text FROM gen WHERE key IN ({','.join('?' * len(part))})"
-            found.update(self.db.execute(q, part).fetchall())
-        return found
-
-    def put_many(self, items: list[tuple[str, str]]) -> None:
-        self.db.executemany("INSERT OR REPLACE INTO gen VALUES (?, ?)", items)
-        self.db.commit()
-
-    def close(self) -> None:
-        self.db.close()
-
-
-def _lm_base():
-    from lm_eval.api.model import LM
-
-    return LM
-
-
-class ResumableLM(_lm_base()):
-    """Wraps an lm-eval LM: ``generate_until`` answers from the cache and generates only the missing requests.
-
-    lm-eval hands the N repeats of a prompt as N identical requests; the k-th occurrence is repeat k, so the key is
-    sha256(identity, prompt, generation kwargs, k), where ``identity`` holds the weights' fingerprint and every
-    generation parameter outside the kwargs (backend, its settings, seed). ``stats`` counts cache hits and
-    generated requests.
-
-    Seeding, so that a resumed run reproduces an uninterrupted one: requests are cut into fixed chunks of the
-    full request list (``chunk``), and each chunk is generated and committed as a unit. ``seeding="chunk"`` (HF):
-    the global torch RNG is seeded from the chunk's keys before the chunk runs (HF's sampler draws from that one
-    generator, so a row's tokens depend on its batch: a fixed chunk fixes the batch). ``seeding="request"``
-    (vLLM): each request carries its own ``seed`` (vLLM then samples it from a private generator, whatever the
-    batch). Either way a chunk regenerated after a kill sees exactly the RNG state it would have seen.
-    """
-
-    def __init__(self, lm, cache_path: str | Path | None, identity, chunk: int = 16, seeding: str = "chunk",
-                 store: "_Store | None" = None):
-        super().__init__()
-        if seeding not in ("chunk", "request"):
-            raise ValueError(f"ResumableLM: seeding must be 'chunk' or 'request', got {seeding!r}")
-        self.lm, self.identity, self.chunk, self.seeding = lm, identity, chunk, seeding
-        self.store = store if store is not None else _Store(Path(cache_path))
-        self.stats = {"cached": 0, "generated": 0}
-
-    def __getattr__(self, name):  # tokenizer, get_model_info, ... of the wrapped LM
-        if name == "lm":
-            raise AttributeError(name)
-        return getattr(self.lm, name)
-
-    def _keys(self, requests) -> list[str]:
-        seen: Counter = Counter()
-        keys = []
-        for req in requests:
-            context, gen_kwargs = req.args[0], req.args[1]
-            base = json.dumps([self.identity, context, gen_kwargs], sort_keys=True, default=str)
-            keys.append(hashlib.sha256(f"{base}\x00{seen[base]}".encode()).hexdigest())
-            seen[base] += 1
-        return keys
-
-    @staticmethod
-    def _seed(*keys: str) -> int:
-        return int(hashlib.sha256("".join(keys).encode()).hexdigest()[:8], 16)
-
-    def _generate_chunk(self, requests, keys: list[str], idx: list[int], chunk_keys: list[str]) -> list[str]:
-        if self.seeding == "request":  # requests are lm-eval Instances (dataclasses)
-            todo = [dataclasses.replace(requests[i], arguments=(requests[i].args[0],
-                                        {**requests[i].args[1], "seed": self._seed(keys[i])})) for i in idx]
-        else:
-            import torch
-
-            torch.manual_seed(self._seed(*chunk_keys))
-            todo = [requests[i] for i in idx]
-        return self.lm.generate_until(todo)
-
-    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        keys = self._keys(requests)
-        found = self.store.get_many(keys)
-        missing = sum(k not in found for k in keys)
-        self.stats["cached"] += len(requests) - missing
-        log.info("generation cache: %d of %d requests cached, %d to generate", len(requests) - missing,
-                 len(requests), missing)
-        for start in range(0, len(requests), self.chunk):
-            chunk_keys = keys[start : start + self.chunk]
-            idx = [start + j for j, k in enumerate(chunk_keys) if k not in found]
-            if not idx:
-                continue
-            texts = self._generate_chunk(requests, keys, idx, chunk_keys)
-            self.store.put_many([(keys[i], t) for i, t in zip(idx, texts, strict=True)])
-            found.update((keys[i], t) for i, t in zip(idx, texts))
-            self.stats["generated"] += len(idx)
-            log.info("generated %d / %d", self.stats["generated"], missing)
-        return [found[k] for k in keys]
-
-    def loglikelihood(self, requests, disable_tqdm: bool = False):
-        raise NotImplementedError("stapo eval only generates")
-
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        raise NotImplementedError("stapo eval only generates")
-
-
-def build_lm(cfg: EvalConfig, model_path: str):
-    """lm-eval's ``hf`` (CPU, or one GPU when there is one) or ``vllm`` (GPU) model for ``model_path``."""
-    import torch
-    from lm_eval.api.registry import get_model
-
-    max_len = cfg.max_new_tokens + MAX_PROMPT_TOKENS
-    if cfg.backend == "hf":
-        args = {"pretrained": model_path, "max_length": max_len, **cfg.backend_args}
-        batch_size = args.pop("batch_size", 8)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        return get_model("hf").create_from_arg_obj(args, {"batch_size": batch_size, "device": device})
-    from stapo.vllm_settings import eval_engine_args, require_vllm
-
-    require_vllm(purpose="eval backend 'vllm' (--backend hf, or eval.backend: hf, runs without it)")
-    args = {"pretrained": model_path, "max_model_len": max_len, "seed": cfg.seed,
-            **eval_engine_args(cfg.backend_args)}
-    return get_model("vllm").create_from_arg_obj(args, {"batch_size": "auto"})
-
-
-SEEDING = {"hf": "chunk", "vllm": "request"}  # ResumableLM: how each backend is made resumable-deterministic
-
-
-def generation_identity(cfg: EvalConfig, model_path: str) -> dict:
-    """Everything besides (prompt, gen kwargs, repeat) that decides a completion: part of every cache key."""
-    return {"model": model_fingerprint(model_path), "backend": cfg.backend, "backend_args": cfg.backend_args,
-            "seed": cfg.seed, "max_length": cfg.max_new_tokens + MAX_PROMPT_TOKENS, "seeding": SEEDING[cfg.backend]}
-
-
-def with_stop_tokens(cfg: EvalConfig, tokenizer) -> EvalConfig:
-    """``cfg`` with the tokenizer's end-of-turn tokens as stop strings and ids (stapo.models.end_of_turn_tokens)."""
-    from stapo.models import end_of_turn_token_ids, end_of_turn_tokens
-
-    return dataclasses.replace(cfg, stop=end_of_turn_tokens(tokenizer), stop_ids=end_of_turn_token_ids(tokenizer))
-
-
-def generate(cfg: EvalConfig, model_path: str, store: "_Store") -> tuple[list[dict], dict]:
-    """Run lm-eval; one entry per problem {problem_id, problem, gold, completions[N]} and the cache stats."""
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
-    lm = ResumableLM(build_lm(cfg, model_path), None, generation_identity(cfg, model_path),
-                     CHUNK_REQUESTS[cfg.backend], SEEDING[cfg.backend], store=store)
-    meta = {"data_dir": cfg.data_dir, "tokenizer": model_path, "arith": cfg.arith or None}
-    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata=meta)
-    name = task_name(cfg.benchmark)
-    task = manager.load([name])["tasks"][name]
-    task.set_config(key="repeats", value=cfg.n)
-    task.set_config(key="generation_kwargs", value=cfg.gen_kwargs())
-    out = lm_eval.simple_evaluate(
-        model=lm, tasks=[task], task_manager=manager, limit=cfg.limit, predict_only=True, log_samples=True,
-        bootstrap_iters=0, random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed)
-    problems = []
-    for sample in sorted(out["samples"][name], key=lambda s: s["doc_id"]):
-        completions = [r for group in sample["resps"] for r in (group if isinstance(group, list) else [group])]
-        if len(completions) != cfg.n:
-            raise RuntimeError(f"{name} doc {sample['doc_id']}: {len(completions)} completions, expected {cfg.n}")
-        problems.append({"problem_id": sample["doc"]["id"], "problem": sample["doc"]["problem"],
-                         "gold": sample["doc"]["answer"], "completions": completions})
-    return problems, dict(lm.stats)
-
-
-def build_records(problems: list[dict], grades: list, n_tokens: list[int], max_new_tokens: int) -> list[dict]:
-    """Per-sample records: the strict verdict (reported), the fallback diagnostic, length and truncation.
-
-    ``truncated``: the completion's re-tokenised length reaches ``max_new_tokens`` (it did not stop at an
-    end-of-turn token). lm-eval returns text only, so the length is re-counted from the text; decode then encode
-    is not always the identity (a random 8-token completion re-encodes to 8-10 tokens), so ``tokens`` is
-    approximate, and a completion that ended at an end-of-turn token one or two tokens short of the cap can be
-    counted as truncated.
-    """
-    records, it = [], iter(zip(grades, n_tokens, strict=True))
-    for p in problems:
-        for k, text in enumerate(p["completions"]):
-            g, tokens = next(it)
-            records.append({"problem_id": p["problem_id"], "sample": k, "completion": text, "extracted": g.extracted,
-                            "gold": p["gold"], "correct": g.correct, "status": g.status,
-                            "correct_fallback": g.fallback_correct, "extracted_fallback": g.fallback_extracted,
-                            "tokens": tokens, "truncated": tokens >= max_new_tokens})
-    return records
-
-
-# -------------------------------------------------------------------------------------------------- statistics
-
-
-def avg_at_n(correct: np.ndarray) -> float:
-    """avg@N (%): mean accuracy over problems x samples; ``correct`` is bool [problems, N]."""
-    return float(np.mean(correct) * 100) if correct.size else 0.0
-
-
-def pass_at_k(correct: np.ndarray, k: int) -> float:
-    """Unbiased pass@k (%) (Chen et al. 2021): mean over problems of 1 - C(n-c, k) / C(n, k)."""
-    n = correct.shape[1]
-    if not 1 <= k <= n:
-        raise ValueError(f"pass@k: k={k} must be in 1..{n}")
-    vals = [1.0 - comb(n - int(c), k) / comb(n, k) for c in correct.sum(axis=1)]
-    return float(np.mean(vals) * 100) if vals else 0.0
-
-
-def maj_at_n(extracted: list[list[str | None]], correct: np.ndarray) -> float:
-    """maj@N (%): the most frequent extracted answer (normalised; ties -> first seen) is graded per problem."""
-    from stapo.rewards import normalize_answer
-
-    hits = []
-    for answers, row in zip(extracted, correct):
-        keys = [normalize_answer(a) if a is not None else None for a in answers]
-        votes = Counter(k for k in keys if k is not None)
-        if not votes:
-            hits.append(False)
-            continue
-        top = max(votes.values())
-        winner = next(k for k in keys if k is not None and votes[k] == top)
-        hits.append(bool(row[keys.index(winner)]))
-    return float(np.mean(hits) * 100) if hits else 0.0
-
-
-def bootstrap_ci(correct: np.ndarray, iters: int = BOOTSTRAP_ITERS, seed: int = 0) -> list[float]:
-    """95 % percentile bootstrap CI (%) of avg@N, resampling problems with replacement."""
-    if correct.shape[0] == 0:
-        return [0.0, 0.0]
-    per_problem = correct.mean(axis=1)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(per_problem), size=(iters, len(per_problem)))
-    means = per_problem[idx].mean(axis=1) * 100
-    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
-
-
-def _matrix(groups: list[list[dict]], key: str, n: int) -> np.ndarray:
-    return np.array([[bool(r[key]) for r in g] for g in groups], dtype=bool).reshape(len(groups), n)
-
-
-def _rate(count: int, total: int) -> float:
-    return 100.0 * count / total if total else 0.0
-
-
-def summarize(records: list[dict], cfg: EvalConfig, model: str, verifier: dict | None = None) -> dict:
-    """The contract's FILE.summary.json from the per-sample records (grouped by problem, in order).
-
-    ``avg_at_n`` is the strict rule verdict (final box); ``avg_at_n_fallback`` the lenient diagnostic;
-    ``avg_at_n_corrected`` (with a verifier; None without) the rule verdict corrected by the LLM verifier, which is
-    what the paper reports. Rates are % of samples.
-    """
-    import lm_eval
-
-    by_problem: dict[str, list[dict]] = {}
-    for r in records:
-        by_problem.setdefault(r["problem_id"], []).append(r)
-    groups = [sorted(v, key=lambda r: r["sample"]) for v in by_problem.values()]
-    correct = _matrix(groups, "correct", cfg.n)
-    status = Counter(r["status"] for r in records)
-    truncated = sum(bool(r.get("truncated")) for r in records)
-    corrected = _matrix(groups, "correct_verified", cfg.n) if verifier else None
-    return {
-        "benchmark": cfg.benchmark, "setting": cfg.setting, "model": model,
-        "avg_at_n": avg_at_n(correct), "ci95": bootstrap_ci(correct),
-        "pass_at_k": {"1": pass_at_k(correct, 1), str(cfg.n): pass_at_k(correct, cfg.n)} if groups else {},
-        "maj_at_n": maj_at_n([[r["extracted"] for r in g] for g in groups], correct),
-        "n_samples": cfg.n, "problems": len(groups), "samples": len(records),
-        "timeouts": status["timeout"], "unparsable": status["unparsable"],
-        "no_box": status["no_box"], "no_box_rate": _rate(status["no_box"], len(records)),
-        "truncated": truncated, "truncation_rate": _rate(truncated, len(records)),
-        "avg_at_n_fallback": avg_at_n(_matrix(groups, "correct_fallback", cfg.n)) if groups else 0.0,
-        "avg_at_n_corrected": avg_at_n(corrected) if corrected is not None else None,
-        "ci95_corrected": bootstrap_ci(corrected) if corrected is not None else None,
-        "verifier": verifier,
-        "grading": "strict: the final \\boxed{} answer (math-verify); fallback and verifier-corrected alongside",
-        "generation": {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
-                       "n": cfg.n, "backend": cfg.backend, "seed": cfg.seed, "limit": cfg.limit,
-                       "data_dir": cfg.data_dir, "stop": list(cfg.stop)},
-        "lm_eval_version": lm_eval.__version__,
-    }
 
 
 # --------------------------------------------------------------------------------------------------------- CLI
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``stapo eval`` options (contract)."""
+    """``stapo eval`` options."""
     parser.add_argument("--model", required=True, help="local dir, hub id, paper key or bundled:NAME")
     parser.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS))
     parser.add_argument("--setting", required=True, help=f"sampling setting: {', '.join(SETTINGS)} (or a recipe's)")
@@ -536,9 +172,6 @@ def summary_path(out: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Check inputs, generate (resumable), grade (+ verifier), write FILE.jsonl then FILE.summary.json."""
-    from stapo.models import resolve_model
-    from stapo.tasks.registry import _tokenizer
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cfg = resolve_config(args)
     out = Path(args.out)
@@ -553,8 +186,6 @@ def run(args: argparse.Namespace) -> int:
         records = grade_records(problems, cfg, tokenizer, args.grade_timeout)
         verifier = None
         if cfg.verifier:
-            from stapo.verifier import apply_verifier
-
             verifier = apply_verifier(records, problems, cfg, store)
     finally:
         store.close()
@@ -570,8 +201,6 @@ def run(args: argparse.Namespace) -> int:
 
 def grade_records(problems: list[dict], cfg: EvalConfig, tokenizer, timeout: float) -> list[dict]:
     """Strict grading of every completion (one pooled pass; the fallback verdict comes with it) into records."""
-    from stapo.grading import grade
-
     completions = [c for p in problems for c in p["completions"]]
     golds = [p["gold"] for p in problems for _ in p["completions"]]
     grades = grade(completions, golds, timeout=timeout, strict=True)

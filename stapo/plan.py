@@ -38,6 +38,7 @@ import yaml
 
 from stapo.atomic import atomic_write_json
 from stapo.study import Study, load, parse
+from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS
 
 __all__ = ["Jobs", "Throughputs", "MODEL_PARAMS_B", "workflow_jobs", "parse_summary", "load_throughputs",
            "estimate", "format_plan", "add_arguments", "run"]
@@ -194,8 +195,6 @@ def train_run_seconds(study: Study, model: str, method: str, tp: Throughputs, pa
 def eval_job_seconds(study: Study, model: str, benchmark: str, tp: Throughputs, params_b: float,
                      eval_tokens: float | None) -> float | None:
     """GPU-seconds of one evaluation job: sampled tokens / eval throughput + engine start per GPU."""
-    from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS
-
     rate = _rate(tp, "eval_tokens_per_s", model, params_b)
     if rate is None:
         return None

@@ -64,6 +64,7 @@ from stapo.objectives import Thresholds, policy_loss, step_thresholds
 from stapo.rewards import REWARDS
 from stapo.rundir import CheckpointSentinel, latest_complete_checkpoint, process_state
 from stapo.schedule import optimizer_steps_per_rollout, per_rollout_schedule, rollout_step
+from stapo import study
 from stapo.study import ObjectiveConfig, Plan, StudyError, TrainSettings, accumulation
 from stapo.vllm_settings import trl_vllm_kwargs
 
@@ -377,8 +378,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stapo import study
-
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     recipe = study.read(args.recipe, required=study.TRAIN_SECTIONS, check_runs=False)
     plan = recipe.plan(args.model, args.method, max_steps=args.max_steps, seed=args.seed)

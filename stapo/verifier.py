@@ -21,7 +21,10 @@ import logging
 import re
 from collections import Counter
 
+from stapo.generation import CHUNK_REQUESTS, SEEDING, ResumableLM, build_lm, generation_identity, with_stop_tokens
+from stapo.models import resolve_model
 from stapo.study.evaluation import VERIFIER_DEFAULTS, VERIFIER_KEYS, check_verifier_config
+from stapo.tasks.registry import _tokenizer
 
 __all__ = ["CV_PROMPT", "VERIFIER_DEFAULTS", "VERIFIER_KEYS", "check_verifier_config", "parse_verdict",
            "verifier_prompt", "apply_verifier"]
@@ -106,7 +109,6 @@ def _judge(prompts: list[str], model_path: str, cfg, vcfg: dict, store, tokenize
     """The verifier's replies, greedy, through the eval backend (lm-eval) and the resumable cache."""
     from lm_eval.api.instance import Instance
 
-    from stapo.evaluate import CHUNK_REQUESTS, SEEDING, ResumableLM, build_lm, generation_identity, with_stop_tokens
 
     # room for the whole candidate response (<= the policy's max_new_tokens) plus question and instructions
     vm = dataclasses.replace(cfg, max_new_tokens=cfg.max_new_tokens + 1024 + int(vcfg["max_new_tokens"]),
@@ -142,8 +144,6 @@ def _release_policy_engine() -> None:
 def apply_verifier(records: list[dict], problems: list[dict], cfg, store) -> dict:
     """Re-judge the records the rule grader marked wrong; adds ``verifier`` (A/B/C, "" unparsed, None not judged)
     and ``correct_verified`` to every record. Returns the summary's ``verifier`` block."""
-    from stapo.models import resolve_model
-    from stapo.tasks.registry import _tokenizer
 
     vcfg = {**VERIFIER_DEFAULTS, **cfg.verifier}
     todo = [r for r in records if not r["correct"]]

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stapo import evaluate
+from stapo import evaluate, generation
+from stapo.evaluate import resolve_config
+from stapo.scoring import avg_at_n, bootstrap_ci, maj_at_n, pass_at_k, summarize
 from stapo.study import StudyError
-from stapo.evaluate import avg_at_n, bootstrap_ci, maj_at_n, pass_at_k, resolve_config, summarize
 
 from stapo.tasks.registry import BUNDLED_DATA_DIR as DATA_DIR  # shipped with the project: nothing skips
 
@@ -92,7 +93,10 @@ def test_paper_defaults_without_recipe():
 
 def test_recipe_section_and_cli_overrides(tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("train: {whatever: 1}\neval:\n  backend: hf\n  max_new_tokens: 64\n  limit: 5\n"
+    recipe.write_text("train: {whatever: 1}\neval: {backend: hf}\n")
+    with pytest.raises(StudyError, match=r"r.yaml: train: unknown key\(s\) \['whatever'\]"):
+        resolve_config(_args(recipe=str(recipe)))  # a study file is checked as a whole, whoever reads it
+    recipe.write_text("eval:\n  backend: hf\n  max_new_tokens: 64\n  limit: 5\n"
                       "  benchmarks: {math500: {samples: 2}}\n")
     cfg = resolve_config(_args(recipe=str(recipe)))
     assert (cfg.backend, cfg.max_new_tokens, cfg.limit, cfg.n) == ("hf", 64, 5, 2)
@@ -279,7 +283,7 @@ def test_rerun_does_not_regenerate(tmp_path, monkeypatch):
     from stapo.models import resolve_model
     from stapo.tasks import load_rows
 
-    monkeypatch.setitem(evaluate.CHUNK_REQUESTS, "hf", 4)
+    monkeypatch.setitem(generation.CHUNK_REQUESTS, "hf", 4)
     killed = _Counter(monkeypatch, fail_after=4)
     with pytest.raises(SimulatedKill):
         _eval(tmp_path, "math500", "t1.0_p1.0", samples=3, limit=4)  # 12 requests, 4 cached before the kill
@@ -319,7 +323,8 @@ def no_model(monkeypatch):
         raise ModelLoaded("a model was loaded before the inputs were checked")
 
     monkeypatch.setattr(stapo.models, "resolve_model", boom)
-    monkeypatch.setattr(evaluate, "build_lm", boom)
+    monkeypatch.setattr(evaluate, "resolve_model", boom)
+    monkeypatch.setattr(generation, "build_lm", boom)
 
 
 def _bad_input(tmp_path: Path, case: str) -> tuple[list[str], str]:
@@ -342,8 +347,8 @@ def _bad_input(tmp_path: Path, case: str) -> tuple[list[str], str]:
         return ["--out", str(tmp_path / "a_file" / "x.jsonl")], f"--out: cannot write in {tmp_path / 'a_file'}"
     if case == "corrupt cache":
         out.parent.mkdir(parents=True)
-        evaluate.cache_path(out).write_bytes(b"not a database" * 100)
-        return ["--out", str(out)], f"generation cache {evaluate.cache_path(out)}"
+        generation.cache_path(out).write_bytes(b"not a database" * 100)
+        return ["--out", str(out)], f"generation cache {generation.cache_path(out)}"
     raise AssertionError(case)
 
 
@@ -371,7 +376,7 @@ def test_bad_verifier_section_fails_before_any_model_loads(tmp_path, no_model):
 
 
 def test_model_fingerprint_follows_the_weights_not_the_path(tmp_path):
-    from stapo.evaluate import model_fingerprint
+    from stapo.generation import model_fingerprint
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -424,7 +429,7 @@ def test_cache_is_keyed_on_the_weights_and_the_seed(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_resumed_run_gives_the_completions_of_an_uninterrupted_run(tmp_path, monkeypatch):
-    monkeypatch.setitem(evaluate.CHUNK_REQUESTS, "hf", 4)
+    monkeypatch.setitem(generation.CHUNK_REQUESTS, "hf", 4)
     _Counter(monkeypatch)
     _eval(tmp_path / "whole", "math500", "t1.0_p1.0", samples=3, limit=4)  # 12 requests, 3 chunks
     killed = _Counter(monkeypatch, fail_after=4)
@@ -452,13 +457,13 @@ def test_vllm_requests_carry_their_own_seed():
             return ["x"] * len(requests)
 
     reqs = [Instance("generate_until", {}, ("prompt", {"temperature": 1.0}), 0, ("t", 0, 1)) for _ in range(3)]
-    lm = evaluate.ResumableLM(Fake(), None, {"model": "m"}, chunk=2, seeding="request", store=_MemoryStore())
+    lm = generation.ResumableLM(Fake(), None, {"model": "m"}, chunk=2, seeding="request", store=_MemoryStore())
     lm.generate_until(reqs)
     seeds = [kw["seed"] for kw in seen]
     assert len(set(seeds)) == 3 and all(isinstance(s, int) for s in seeds)
     assert all("seed" not in r.args[1] for r in reqs)  # the cache key is computed on the unseeded request
     seen.clear()
-    evaluate.ResumableLM(Fake(), None, {"model": "m"}, chunk=3, seeding="request", store=_MemoryStore()) \
+    generation.ResumableLM(Fake(), None, {"model": "m"}, chunk=3, seeding="request", store=_MemoryStore()) \
         .generate_until(reqs)
     assert [kw["seed"] for kw in seen] == seeds  # chunking does not change a request's seed
 
@@ -502,9 +507,9 @@ def test_end_of_turn_tokens_of_the_real_qwen3_tokenizer():
 
 def test_generation_kwargs_stop_at_every_end_of_turn_token():
     tok = _qwen3_base_tokenizer()
-    hf = evaluate.with_stop_tokens(resolve_config(_args(backend="hf")), tok).gen_kwargs()
+    hf = generation.with_stop_tokens(resolve_config(_args(backend="hf")), tok).gen_kwargs()
     assert hf["until"] == ["<|endoftext|>", "<|im_end|>"] and hf["eos_token_id"] == [151643, 151645]
-    vllm = evaluate.with_stop_tokens(resolve_config(_args(backend="vllm")), tok).gen_kwargs()
+    vllm = generation.with_stop_tokens(resolve_config(_args(backend="vllm")), tok).gen_kwargs()
     assert vllm["until"] == ["<|endoftext|>", "<|im_end|>"] and vllm["stop_token_ids"] == [151643, 151645]
     assert "eos_token_id" not in vllm
 
@@ -601,9 +606,9 @@ def test_vllm_path_sends_stop_tokens_and_per_request_seeds_to_sampling_params(mo
                        think_end_token=None, _rank=0, cache_hook=CacheHook(None), custom_prefix_token_id=None,
                        add_bos_token=False, _model_generate=engine)
     monkeypatch.setattr(mod.VLLM, "eot_token_id", property(lambda self: tok.eos_token_id))
-    cfg = evaluate.with_stop_tokens(resolve_config(_args(backend="vllm", max_new_tokens=32)), tok)
+    cfg = generation.with_stop_tokens(resolve_config(_args(backend="vllm", max_new_tokens=32)), tok)
     reqs = [Instance("generate_until", {}, ("What is 1+0?", cfg.gen_kwargs()), 0, ("t", 0, 2)) for _ in range(2)]
-    wrapped = evaluate.ResumableLM(lm, None, {"model": "m"}, chunk=8, seeding="request", store=_MemoryStore())
+    wrapped = generation.ResumableLM(lm, None, {"model": "m"}, chunk=8, seeding="request", store=_MemoryStore())
     texts = wrapped.generate_until(reqs)
     assert texts == ["\\boxed{1}", "\\boxed{1}"]  # lm-eval cuts at the stop string too
     for params in sent:

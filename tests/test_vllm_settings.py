@@ -95,7 +95,8 @@ def test_build_lm_vllm_passes_device_args(monkeypatch):
     """stapo eval's vllm backend: device defaults under the recipe's eval.vllm, context = prompt + new tokens."""
     import lm_eval.api.registry as registry
 
-    from stapo.evaluate import EvalConfig, build_lm
+    from stapo.generation import build_lm
+    from stapo.study.evaluation import EvalConfig
 
     seen = {}
 
@@ -258,7 +259,8 @@ def test_cpu_patch_of_trl_colocate():
 def test_stages_stop_before_loading_without_vllm(monkeypatch):
     """Without vLLM, `stapo train` (use_vllm) and `stapo eval --backend vllm` stop at config time, naming the fix."""
     import stapo.trainer as T
-    from stapo.evaluate import EvalConfig, build_lm
+    from stapo.generation import build_lm
+    from stapo.study.evaluation import EvalConfig
 
     monkeypatch.setattr(V, "device_kind", lambda: "cpu")
     recipe = study.load(ROOT / "configs" / "tiny.yaml")

@@ -133,7 +133,7 @@ class Study:
     name: str
     models: dict[str, ModelEntry]
     methods: dict[str, ObjectiveConfig]
-    train: dict  # the raw section: per-model overrides are merged over it before TrainSettings validates
+    train: TrainSettings
     eval: EvalSection
     workflow: WorkflowSection
     source: str = "config"
@@ -145,20 +145,23 @@ class Study:
             if key not in getattr(self, section):
                 raise StudyError(f"{self.source}: {section}: no {key!r}; the study defines "
                                  f"{sorted(getattr(self, section))}")
-        entry = self.models[model]
         cli = {k: v for k, v in (("max_steps", max_steps), ("seed", seed)) if v is not None}
-        _checked(self.source, lambda: train_settings({**self.train, **cli}, "train"))
-        settings = _checked(self.source, lambda: train_settings({**self.train, **entry.train, **cli},
-                                                                f"models.{model}.train"))
-        return Plan(model, entry.spec, method, self.methods[method], settings)
+        if cli:
+            _checked(self.source, lambda: train_settings({**dataclasses.asdict(self.train), **cli}, "train"))
+        settings = self.train_settings(model, **cli)
+        _checked(self.source, lambda: _check_spec(model, self.models[model].spec))
+        return Plan(model, self.models[model].spec, method, self.methods[method], settings)
+
+    def train_settings(self, model: str, **overrides) -> TrainSettings:
+        """The ``train`` section with ``models.<model>.train`` (and ``overrides``) over it, validated."""
+        section = {**dataclasses.asdict(self.train), **self.models[model].train, **overrides}
+        return _checked(self.source, lambda: train_settings(section, f"models.{model}.train"))
 
     @property
     def run_models(self) -> list[str]:
         """The model keys the workflow runs."""
         return list(self.workflow.models or self.models)
 
-    def train_section(self, model: str) -> dict:
-        return {**self.train, **self.models[model].train}
 
 
 def _checked(source: str, build):
@@ -242,12 +245,16 @@ def _objective(key: str, entry: dict) -> ObjectiveConfig:
         raise ValueError(f"methods.{key}.{err}") from None
 
 
-def _model(key: str, entry: dict) -> ModelEntry:
-    model = ModelEntry(**{k: v for k, v in entry.items() if v is not None or k == "accelerate_config"})
+def _check_spec(key: str, spec: str) -> None:
+    """The model spec names a model (bundled name, local HF directory or hub id); builds and loads nothing."""
     try:
-        check_spec(str(model.spec))
+        check_spec(str(spec))
     except (ValueError, OSError) as err:
         raise ValueError(f"models.{key}.spec: {err}") from None
+
+
+def _model(key: str, entry: dict) -> ModelEntry:
+    model = ModelEntry(**{k: v for k, v in entry.items() if v is not None or k == "accelerate_config"})
     if model.gpus > 1 and not model.accelerate_config:
         raise ValueError(f"models.{key}.accelerate_config: required when gpus = {model.gpus} > 1")
     return model
@@ -258,15 +265,16 @@ def parse(config: dict, *, source: str = "config", required: tuple[str, ...] | N
     """Validate a study mapping (module docstring) and return it as a :class:`Study`; StudyError otherwise.
 
     ``required``: the top-level sections the caller needs (default: the schema's, i.e. a whole study).
-    ``check_runs``: also resolve every (model, method) run the workflow would plan (its train section with the
-    model's overrides, and the TRL batch split for the model's GPUs) and the workflow's curve checkpoints.
+    ``check_runs``: also resolve every (model, method) run the workflow would plan (the model spec, its train
+    section with the model's overrides, and the TRL batch split for the model's GPUs) and the workflow's curve
+    checkpoints. Without it, :meth:`Study.plan` still checks the run it resolves.
     """
     check_schema(config, source=source, required=required)
     study = Study(
         name=str(config.get("study", "study")),
         models=_checked(source, lambda: {k: _model(k, v) for k, v in (config.get("models") or {}).items()}),
         methods=_checked(source, lambda: {k: _objective(k, v) for k, v in (config.get("methods") or {}).items()}),
-        train=dict(config.get("train") or {}),
+        train=_checked(source, lambda: train_settings(config.get("train") or {})),
         eval=_checked(source, lambda: EvalSection.from_dict(config.get("eval"))),
         workflow=WorkflowSection(**{k: v for k, v in (config.get("workflow") or {}).items()}),
         source=source,
@@ -276,7 +284,8 @@ def parse(config: dict, *, source: str = "config", required: tuple[str, ...] | N
         raise StudyError(f"{source}: workflow.models: {unknown[0]!r} is not a key of models "
                          f"({', '.join(study.models)})")
     if check_runs and "train" in config:
-        for model in study.run_models if study.models else ():
+        for model in study.run_models:
+            _checked(source, lambda: _check_spec(model, study.models[model].spec))
             for method in study.methods:
                 plan = study.plan(model, method)
                 _checked(source, lambda: accumulation(plan.settings, max(1, study.models[model].gpus)))
@@ -302,13 +311,12 @@ def curve_checkpoints(study: Study, model: str) -> list[str]:
     every = study.workflow.eval_every
     if not every:
         return []
-    train = study.train_section(model)
-    save = int(train.get("save_steps", TrainSettings.save_steps))
-    if every % save:
-        raise ValueError(f"workflow.eval_every ({every}) must be a multiple of train.save_steps ({save}): only "
-                         "saved checkpoints can be evaluated")
+    train = study.train_settings(model)
+    if every % train.save_steps:
+        raise ValueError(f"workflow.eval_every ({every}) must be a multiple of train.save_steps "
+                         f"({train.save_steps}): only saved checkpoints can be evaluated")
     k = optimizer_steps_per_rollout(train)
-    return [f"checkpoint-{n * k}" for n in range(every, int(train.get("max_steps", TrainSettings.max_steps)), every)]
+    return [f"checkpoint-{n * k}" for n in range(every, train.max_steps, every)]
 
 
 def label(kind: str, key: str) -> str:

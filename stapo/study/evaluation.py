@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS, SETTINGS
 
-__all__ = ["EvalSection", "BenchmarkEntry", "BACKENDS", "VERIFIER_DEFAULTS", "VERIFIER_KEYS", "check_verifier_config"]
+__all__ = ["EvalSection", "EvalConfig", "BenchmarkEntry", "BACKENDS", "VERIFIER_DEFAULTS", "VERIFIER_KEYS", "check_verifier_config"]
 
 BACKENDS = ("hf", "vllm")
 VERIFIER_DEFAULTS = {
@@ -161,3 +161,39 @@ def check_verifier_config(section) -> None:
         raise ValueError(f"eval.verifier.max_new_tokens: expected an integer >= 1, got {tokens!r}")
     if not isinstance(section.get("backend_args", {}), dict):
         raise ValueError("eval.verifier.backend_args: expected a mapping (merged over eval.<backend>)")
+
+
+@dataclass
+class EvalConfig:
+    """The settings of one evaluation job (one benchmark × setting), resolved from the section and the command line
+    (stapo.evaluate.resolve_config); the summary's ``generation`` block records them."""
+
+    benchmark: str
+    setting: str
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    n: int
+    backend: str
+    limit: int | None
+    data_dir: str | None
+    seed: int
+    backend_args: dict = field(default_factory=dict)
+    arith: dict = field(default_factory=dict)
+    verifier: dict | None = None
+    stop: list[str] = field(default_factory=list)  # end-of-turn token strings (set from the tokenizer)
+    stop_ids: list[int] = field(default_factory=list)  # their ids
+
+    def gen_kwargs(self) -> dict:
+        """lm-eval generation_kwargs: sampled, no top-k cut (vLLM's default; HF's default would be 50).
+
+        Stops at every end-of-turn token: as stop strings (lm-eval cuts the text there) and as token ids, so that
+        each sequence ends at its own stop token (HF ``eos_token_id``, vLLM ``stop_token_ids``) instead of running
+        on until the whole batch is done (HF decodes with special tokens skipped, so a string cut alone misses it).
+        """
+        top_k = 0 if self.backend == "hf" else -1
+        kwargs = {"until": list(self.stop), "do_sample": True, "temperature": self.temperature, "top_p": self.top_p,
+                  "top_k": top_k, "max_gen_toks": self.max_new_tokens}
+        if self.stop_ids:
+            kwargs["eos_token_id" if self.backend == "hf" else "stop_token_ids"] = list(self.stop_ids)
+        return kwargs

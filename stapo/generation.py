@@ -1,0 +1,235 @@
+"""Generation for ``stapo eval``: lm-eval's ``hf`` / ``vllm`` backends behind a resumable, seeded cache.
+
+lm-eval's own request cache skips sampled requests (every repeat would be identical), so generations go through
+:class:`ResumableLM`: a sqlite cache next to the output (``FILE.cache.sqlite``, :class:`GenerationCache`) keyed by
+the weights' fingerprint (:func:`model_fingerprint`), every generation parameter (backend, its settings, seed, stop
+tokens, sampling) and (prompt, repeat index), committed chunk by chunk. A killed evaluation, rerun, generates only
+what is missing, and gets the completions an uninterrupted run would have got (per-chunk seeds on ``hf``,
+per-request seeds on ``vllm``; see ResumableLM). Generation stops at every end-of-turn token of the model's
+tokenizer (:func:`with_stop_tokens`; Qwen3-Base's EOS is ``<|endoftext|>`` but its chat template ends a turn with
+``<|im_end|>``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import sqlite3
+from collections import Counter
+from pathlib import Path
+
+from stapo.models import end_of_turn_token_ids, end_of_turn_tokens
+from stapo.study.evaluation import EvalConfig
+from stapo.tasks.registry import TASKS_DIR, task_name
+from stapo import vllm_settings
+
+__all__ = ["GenerationCache", "ResumableLM", "build_lm", "generate", "generation_identity", "model_fingerprint",
+           "cache_path", "with_stop_tokens", "CHUNK_REQUESTS", "SEEDING", "MAX_PROMPT_TOKENS"]
+
+log = logging.getLogger("stapo.eval")
+
+MAX_PROMPT_TOKENS = 1024  # paper: max prompt length 1k
+CHUNK_REQUESTS = {"hf": 16, "vllm": 2048}  # requests generated between two cache commits
+
+
+def cache_path(out: Path) -> Path:
+    return out.with_name(out.name + ".cache.sqlite")
+
+
+# Files whose bytes decide what a checkpoint generates (weights, their index, config, tokenizer).
+_FINGERPRINT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".model", ".txt", ".jinja")
+
+
+def model_fingerprint(model_path: str) -> str:
+    """A cache key for the weights behind ``model_path`` (not its name).
+
+    Local directory: sha256 over (name, size, mtime_ns) of its weight, index, config and tokenizer files, so
+    replacing a checkpoint at the same path (a rerun of training) changes the key; copying one only costs a
+    regeneration. Hub id: the id and the cached snapshot's commit when the HF cache has one (``HF_HUB_OFFLINE``
+    runs use exactly that snapshot), else the id alone.
+    """
+    path = Path(model_path)
+    if path.is_dir():
+        entries = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir()
+                         if p.is_file() and p.suffix in _FINGERPRINT_SUFFIXES)
+        return "sha256:" + hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model_path, "config.json")
+    except Exception:  # not a valid repo id for the cache lookup
+        found = None
+    return f"{model_path}@{Path(found).parent.name}" if isinstance(found, str) else model_path
+
+
+
+
+class GenerationCache:
+    """sqlite key -> completion text, committed after every chunk (survives a kill)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(path))
+        self.db.execute("CREATE TABLE IF NOT EXISTS gen (key TEXT PRIMARY KEY, text TEXT NOT NULL)")
+        self.db.commit()
+
+    def get_many(self, keys: list[str]) -> dict[str, str]:
+        found = {}
+        for i in range(0, len(keys), 500):
+            part = keys[i : i + 500]
+            q = f"SELECT key, text FROM gen WHERE key IN ({','.join('?' * len(part))})"
+            found.update(self.db.execute(q, part).fetchall())
+        return found
+
+    def put_many(self, items: list[tuple[str, str]]) -> None:
+        self.db.executemany("INSERT OR REPLACE INTO gen VALUES (?, ?)", items)
+        self.db.commit()
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _lm_base():
+    from lm_eval.api.model import LM
+
+    return LM
+
+
+class ResumableLM(_lm_base()):
+    """Wraps an lm-eval LM: ``generate_until`` answers from the cache and generates only the missing requests.
+
+    lm-eval hands the N repeats of a prompt as N identical requests; the k-th occurrence is repeat k, so the key is
+    sha256(identity, prompt, generation kwargs, k), where ``identity`` holds the weights' fingerprint and every
+    generation parameter outside the kwargs (backend, its settings, seed). ``stats`` counts cache hits and
+    generated requests.
+
+    Seeding, so that a resumed run reproduces an uninterrupted one: requests are cut into fixed chunks of the
+    full request list (``chunk``), and each chunk is generated and committed as a unit. ``seeding="chunk"`` (HF):
+    the global torch RNG is seeded from the chunk's keys before the chunk runs (HF's sampler draws from that one
+    generator, so a row's tokens depend on its batch: a fixed chunk fixes the batch). ``seeding="request"``
+    (vLLM): each request carries its own ``seed`` (vLLM then samples it from a private generator, whatever the
+    batch). Either way a chunk regenerated after a kill sees exactly the RNG state it would have seen.
+    """
+
+    def __init__(self, lm, cache_path: str | Path | None, identity, chunk: int = 16, seeding: str = "chunk",
+                 store: "GenerationCache | None" = None):
+        super().__init__()
+        if seeding not in ("chunk", "request"):
+            raise ValueError(f"ResumableLM: seeding must be 'chunk' or 'request', got {seeding!r}")
+        self.lm, self.identity, self.chunk, self.seeding = lm, identity, chunk, seeding
+        self.store = store if store is not None else GenerationCache(Path(cache_path))
+        self.stats = {"cached": 0, "generated": 0}
+
+    def __getattr__(self, name):  # tokenizer, get_model_info, ... of the wrapped LM
+        if name == "lm":
+            raise AttributeError(name)
+        return getattr(self.lm, name)
+
+    def _keys(self, requests) -> list[str]:
+        seen: Counter = Counter()
+        keys = []
+        for req in requests:
+            context, gen_kwargs = req.args[0], req.args[1]
+            base = json.dumps([self.identity, context, gen_kwargs], sort_keys=True, default=str)
+            keys.append(hashlib.sha256(f"{base}\x00{seen[base]}".encode()).hexdigest())
+            seen[base] += 1
+        return keys
+
+    @staticmethod
+    def _seed(*keys: str) -> int:
+        return int(hashlib.sha256("".join(keys).encode()).hexdigest()[:8], 16)
+
+    def _generate_chunk(self, requests, keys: list[str], idx: list[int], chunk_keys: list[str]) -> list[str]:
+        if self.seeding == "request":  # requests are lm-eval Instances (dataclasses)
+            todo = [dataclasses.replace(requests[i], arguments=(requests[i].args[0],
+                                        {**requests[i].args[1], "seed": self._seed(keys[i])})) for i in idx]
+        else:
+            import torch
+
+            torch.manual_seed(self._seed(*chunk_keys))
+            todo = [requests[i] for i in idx]
+        return self.lm.generate_until(todo)
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        keys = self._keys(requests)
+        found = self.store.get_many(keys)
+        missing = sum(k not in found for k in keys)
+        self.stats["cached"] += len(requests) - missing
+        log.info("generation cache: %d of %d requests cached, %d to generate", len(requests) - missing,
+                 len(requests), missing)
+        for start in range(0, len(requests), self.chunk):
+            chunk_keys = keys[start : start + self.chunk]
+            idx = [start + j for j, k in enumerate(chunk_keys) if k not in found]
+            if not idx:
+                continue
+            texts = self._generate_chunk(requests, keys, idx, chunk_keys)
+            self.store.put_many([(keys[i], t) for i, t in zip(idx, texts, strict=True)])
+            found.update((keys[i], t) for i, t in zip(idx, texts))
+            self.stats["generated"] += len(idx)
+            log.info("generated %d / %d", self.stats["generated"], missing)
+        return [found[k] for k in keys]
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        raise NotImplementedError("stapo eval only generates")
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        raise NotImplementedError("stapo eval only generates")
+
+
+def build_lm(cfg: EvalConfig, model_path: str):
+    """lm-eval's ``hf`` (CPU, or one GPU when there is one) or ``vllm`` (GPU) model for ``model_path``."""
+    import torch
+    from lm_eval.api.registry import get_model
+
+    max_len = cfg.max_new_tokens + MAX_PROMPT_TOKENS
+    if cfg.backend == "hf":
+        args = {"pretrained": model_path, "max_length": max_len, **cfg.backend_args}
+        batch_size = args.pop("batch_size", 8)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return get_model("hf").create_from_arg_obj(args, {"batch_size": batch_size, "device": device})
+    vllm_settings.require_vllm(purpose="eval backend 'vllm' (--backend hf, or eval.backend: hf, runs without it)")
+    args = {"pretrained": model_path, "max_model_len": max_len, "seed": cfg.seed,
+            **vllm_settings.eval_engine_args(cfg.backend_args)}
+    return get_model("vllm").create_from_arg_obj(args, {"batch_size": "auto"})
+
+
+SEEDING = {"hf": "chunk", "vllm": "request"}  # ResumableLM: how each backend is made resumable-deterministic
+
+
+def generation_identity(cfg: EvalConfig, model_path: str) -> dict:
+    """Everything besides (prompt, gen kwargs, repeat) that decides a completion: part of every cache key."""
+    return {"model": model_fingerprint(model_path), "backend": cfg.backend, "backend_args": cfg.backend_args,
+            "seed": cfg.seed, "max_length": cfg.max_new_tokens + MAX_PROMPT_TOKENS, "seeding": SEEDING[cfg.backend]}
+
+
+def with_stop_tokens(cfg: EvalConfig, tokenizer) -> EvalConfig:
+    """``cfg`` with the tokenizer's end-of-turn tokens as stop strings and ids (stapo.models.end_of_turn_tokens)."""
+    return dataclasses.replace(cfg, stop=end_of_turn_tokens(tokenizer), stop_ids=end_of_turn_token_ids(tokenizer))
+
+
+def generate(cfg: EvalConfig, model_path: str, store: GenerationCache) -> tuple[list[dict], dict]:
+    """Run lm-eval; one entry per problem {problem_id, problem, gold, completions[N]} and the cache stats."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    lm = ResumableLM(build_lm(cfg, model_path), None, generation_identity(cfg, model_path),
+                     CHUNK_REQUESTS[cfg.backend], SEEDING[cfg.backend], store=store)
+    meta = {"data_dir": cfg.data_dir, "tokenizer": model_path, "arith": cfg.arith or None}
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata=meta)
+    name = task_name(cfg.benchmark)
+    task = manager.load([name])["tasks"][name]
+    task.set_config(key="repeats", value=cfg.n)
+    task.set_config(key="generation_kwargs", value=cfg.gen_kwargs())
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=[task], task_manager=manager, limit=cfg.limit, predict_only=True, log_samples=True,
+        bootstrap_iters=0, random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed)
+    problems = []
+    for sample in sorted(out["samples"][name], key=lambda s: s["doc_id"]):
+        completions = [r for group in sample["resps"] for r in (group if isinstance(group, list) else [group])]
+        if len(completions) != cfg.n:
+            raise RuntimeError(f"{name} doc {sample['doc_id']}: {len(completions)} completions, expected {cfg.n}")
+        problems.append({"problem_id": sample["doc"]["id"], "problem": sample["doc"]["problem"],
+                         "gold": sample["doc"]["answer"], "completions": completions})
+    return problems, dict(lm.stats)
