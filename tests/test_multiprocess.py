@@ -30,6 +30,7 @@ METRICS = ("loss", "reward_mean", "grad_norm", "entropy_mean", "candidate_fracti
 def _recipe(tmp: Path, method_overrides: dict) -> Path:
     recipe = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
     recipe["models"] = {"tiny-qwen3": {"spec": "bundled:tiny-qwen3", "gpus": 0}}
+    recipe["workflow"]["models"] = ["tiny-qwen3"]  # the study must name only models it defines
     for key, extra in method_overrides.items():
         recipe["methods"][key] = {**recipe["methods"][key], **extra}
     # global batch: 2 prompts × 4 completions per optimiser step, micro-batches of 2 completions —

@@ -50,7 +50,9 @@ def test_new_trailing_parameter_of_a_called_method_is_accepted(monkeypatch):
 
     def extended(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
                  compute_aux_loss=False, something_new=None):
-        return real(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy)
+        logps, entropies, aux_loss = real(self, model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                          compute_entropy)
+        return logps, entropies, aux_loss
 
     monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", extended)
     trl_compat.check_trl()
