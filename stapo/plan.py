@@ -38,6 +38,8 @@ from pathlib import Path
 import yaml
 
 from stapo.atomic import atomic_write_json
+from stapo.study import SCHEMA, load
+from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS
 
 __all__ = ["Jobs", "Throughputs", "MODEL_PARAMS_B", "workflow_jobs", "parse_summary", "load_throughputs",
            "estimate", "format_plan", "add_arguments", "run"]
@@ -125,8 +127,6 @@ def resolved_config(files: list[Path]) -> dict:
     ``--configfile`` semantics), schema defaults filled in."""
     from snakemake.utils import update_config, validate
 
-    from stapo.study import SCHEMA, load
-
     config = load(files[0])
     for extra in files[1:]:
         update_config(config, load(extra))
@@ -178,7 +178,7 @@ def _rate(tp: Throughputs, key: str, model: str, params_b: float) -> float | Non
 
 
 def _kl(config: dict, method: str) -> bool:
-    from stapo.objectives import get_objective
+    from stapo.objectives import get_objective  # lazy: torch, seconds, for `stapo plan`'s one KL lookup
 
     entry = dict(config["methods"][method] or {})
     return get_objective(entry.pop("objective", method), **entry).kl_beta > 0
@@ -207,8 +207,6 @@ def train_run_seconds(config: dict, model: str, method: str, tp: Throughputs, pa
 def eval_job_seconds(config: dict, model: str, benchmark: str, tp: Throughputs, params_b: float,
                      eval_tokens: float | None) -> float | None:
     """GPU-seconds of one evaluation job: sampled tokens / eval throughput + engine start per GPU."""
-    from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS
-
     rate = _rate(tp, "eval_tokens_per_s", model, params_b)
     if rate is None:
         return None

@@ -21,6 +21,9 @@ import logging
 import re
 from collections import Counter
 
+from stapo.models import resolve_model
+from stapo.tasks.registry import _tokenizer
+
 __all__ = ["CV_PROMPT", "VERIFIER_DEFAULTS", "VERIFIER_KEYS", "check_verifier_config", "parse_verdict",
            "verifier_prompt", "apply_verifier"]
 
@@ -130,6 +133,7 @@ def _judge(prompts: list[str], model_path: str, cfg, vcfg: dict, store, tokenize
     """The verifier's replies, greedy, through the eval backend (lm-eval) and the resumable cache."""
     from lm_eval.api.instance import Instance
 
+    # stapo.evaluate imports this module (eval.verifier): importing it back at the top would be a cycle
     from stapo.evaluate import CHUNK_REQUESTS, SEEDING, ResumableLM, build_lm, generation_identity, with_stop_tokens
 
     # room for the whole candidate response (<= the policy's max_new_tokens) plus question and instructions
@@ -166,9 +170,6 @@ def _release_policy_engine() -> None:
 def apply_verifier(records: list[dict], problems: list[dict], cfg, store) -> dict:
     """Re-judge the records the rule grader marked wrong; adds ``verifier`` (A/B/C, "" unparsed, None not judged)
     and ``correct_verified`` to every record. Returns the summary's ``verifier`` block."""
-    from stapo.models import resolve_model
-    from stapo.tasks.registry import _tokenizer
-
     vcfg = {**VERIFIER_DEFAULTS, **cfg.verifier}
     todo = [r for r in records if not r["correct"]]
     verdicts: list[str | None] = []

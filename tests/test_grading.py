@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stapo.grading import MAX_COMPLETION_CHARS, Grade, extract_answer, grade, grade_one
+from stapo.answers import MAX_BOX_CHARS, MAX_COMPLETION_CHARS, extract_answer, final_box, last_number, \
+    normalize_notation
+from stapo.grading import Grade, grade, grade_one
 
 S = "We compute carefully. The final answer is "
 
@@ -218,8 +220,6 @@ def test_task_process_results_hook_for_plain_lm_eval():
 
 
 def test_plain_text_answer_falls_back_to_the_last_number():
-    from stapo.grading import grade_one, last_number
-
     assert last_number("12 + 7 = 19.") == "19" and last_number("so 1,250.5 or -3/4") == "-3/4"
     assert last_number("no digits") is None
     g = grade_one("12 + 7 = 19.", "19")
@@ -245,8 +245,6 @@ def test_strict_grades_only_the_final_box_and_keeps_the_fallback_as_a_diagnostic
 
 
 def test_strict_box_is_found_anywhere_and_an_overlong_box_is_not_graded_from_its_tail():
-    from stapo.grading import MAX_BOX_CHARS, final_box
-
     late = "\\boxed{42}" + " and then some more words" * 400  # the box lies before the fallback's 4 KB tail
     assert len(late) > MAX_COMPLETION_CHARS + 1000
     g = grade([late], ["42"], strict=True)[0]
@@ -260,8 +258,6 @@ def test_strict_box_is_found_anywhere_and_an_overlong_box_is_not_graded_from_its
 
 
 def test_notation_normalisation():
-    from stapo.grading import normalize_notation
-
     assert normalize_notation("4.5e33") == "4.5\\times10^{33}"
     assert normalize_notation("2.3E-4") == "2.3\\times10^{-4}"
     assert normalize_notation("12\\%") == "12" and normalize_notation("12 \\%") == "12"

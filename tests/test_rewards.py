@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from stapo.rewards import DAPO_TAIL_CHARS, dapo_lenient, dapo_strict, get_reward, last_boxed, math_verify, math_verify_01, \
-    normalize_answer
+from stapo.answers import last_boxed, normalize_answer
+from stapo.rewards import DAPO_TAIL_CHARS, dapo_lenient, dapo_strict, get_reward, math_verify, math_verify_01
 
 
 @pytest.mark.parametrize(
