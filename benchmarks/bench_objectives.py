@@ -17,13 +17,16 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from stapo.objectives import METHODS, policy_loss
-from stapo.tokenstats import naive_token_stats, token_stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the chunked kernel is a test helper
+from helpers.tokenstats import naive_token_stats, token_stats  # noqa: E402
 
 
 def _rss_kib(field: str) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
@@ -70,11 +69,6 @@ CASES = [
 
 def _completion(answer: str) -> str:
     return f"{S}$\\boxed{{{answer}}}$."
-
-
-def test_case_table_is_large_enough():
-    assert len(CASES) >= 60
-    assert sum(not ok for _, _, ok in CASES) >= 20
 
 
 def test_case_table_verdicts():
@@ -198,7 +192,6 @@ def test_no_signal_handler_left_in_parent():
     before = signal.getsignal(signal.SIGALRM)
     grade([_completion("1")], ["1"])
     assert signal.getsignal(signal.SIGALRM) == before
-    assert os.getpid()  # parent alive, nothing forked into it
 
 
 def test_workers_persist_between_calls_and_dead_ones_are_replaced():
