@@ -15,7 +15,8 @@ from stapo.grading import Grade, grade, grade_one
 
 S = "We compute carefully. The final answer is "
 
-# (boxed answer in the completion, gold answer verbatim from ../shared/data/benchmarks, expected verdict)
+# (boxed answer in the completion, gold answer, expected verdict); golds verbatim from the bundled benchmark files
+# (stapo/tasks/data/*.jsonl), plus a few made-up ones for notations the files lack (intervals, names, e-notation, %)
 CASES = [
     # integers (AIME / AMC golds)
     ("204", "204", True), ("204.0", "204", True), ("0204", "204", True), ("205", "204", False),
