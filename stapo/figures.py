@@ -249,7 +249,8 @@ def draw_figure(kind: str, model: str, scores: list, metrics: dict, methods: lis
     if not panel.series and kind != "silenced":  # the silenced figure always has its reference line
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
     elif ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, frameon=False, loc="upper right" if kind in ("quadrants", "entropy_quantiles") else "best",
+        above = kind in ("quadrants", "entropy_quantiles")  # these panels leave room for the legend at the top
+        ax.legend(fontsize=7, frameon=False, loc="upper right" if above else "best",
                   ncol=4 if kind == "entropy_quantiles" else 1)
     ax.set_title(f"{label(MODELS, model)}: {kind}", fontsize=10)
     fig.tight_layout()

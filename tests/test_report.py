@@ -158,7 +158,7 @@ def test_accuracy_figure_plots_checkpoints_at_their_rollout_step_from_the_base_s
 
 
 def _diagnostics(methods=("stapo",)) -> dict:
-    """Two logged steps; step s: quadrant i has s·(10 − i) tokens of mean ‖∇J‖ s/(i + 1); high-p high-H is empty."""
+    """Two logged steps; at step s quadrant i has s·(10 − i) tokens of mean ‖∇J‖ s/(i + 1), high-p high-H none."""
     rows = []
     for step in (1, 2):
         row = {"step": step, **{f"entropy_q{q}": q / 100 + step for q in (10, 25, 50, 75, 90)}}
