@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from stapo.atomic import atomic_write
-from stapo.figures import FIGURE_KINDS, write_figures
+from stapo.figures import FIGURE_KINDS, write_figures  # FIGURE_KINDS: the figure files write_report writes
 from stapo.names import BENCHMARKS, METHODS, MODELS, PAPER_BENCHMARKS, SETTINGS, label, paper_key
 
 __all__ = ["add_arguments", "run", "load_scores", "load_metrics", "load_paper", "write_report", "FIGURE_KINDS"]
