@@ -162,7 +162,7 @@ def timed(fn, *args, **kw):
 
 
 def main() -> None:
-    from stapo.grading import default_workers, grade, grade_one
+    from stapo.grading import default_workers, grade
 
     here = Path(__file__).resolve()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

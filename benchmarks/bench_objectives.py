@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -24,7 +25,9 @@ import torch
 
 from stapo.objectives import policy_loss
 from stapo.study import OBJECTIVES
-from stapo.tokenstats import naive_token_stats, token_stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the chunked kernel is a test helper
+from helpers.tokenstats import naive_token_stats, token_stats  # noqa: E402
 
 
 def _rss_kib(field: str) -> int:

@@ -11,6 +11,9 @@ import importlib
 import os
 import sys
 
+from stapo import study
+from stapo.errors import UserError
+
 # subcommand -> (module, one-line help); each module exposes add_arguments(parser) and run(args) -> int
 SUBCOMMANDS = {
     "train": ("stapo.trainer", "train one (model, method) with the paper's recipe (TRL GRPOTrainer)"),
@@ -25,8 +28,6 @@ def main(argv: list[str] | None = None) -> int:
 
     ``--debug`` (anywhere in argv) or ``STAPO_DEBUG=1`` re-raises it with its traceback.
     """
-    from stapo.errors import UserError
-
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("STAPO_DEBUG", "0") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
@@ -50,8 +51,6 @@ def _precheck(argv: list[str]) -> None:
         pre.add_argument(flag)
     known = pre.parse_known_args(argv[1:])[0]
     if known.recipe:
-        from stapo import study
-
         recipe = study.read(known.recipe, required=study.TRAIN_SECTIONS, check_runs=False)
         if known.model and known.method:
             recipe.plan(known.model, known.method)

@@ -8,8 +8,8 @@ branch is active), hence
     w² (1 − 2π(y) + e^{−H}) ≤ ‖∇_a J‖² ≤ w² (2 − 2π(y) − C_V H²),  C_V = (|V|−1) / (|V| (ln|V|)²)
 
 so low-probability (small π(y)), low-entropy (large Σπ²) tokens receive the largest updates. The functions here
-take the per-token tensors the trainer already has (log-probs, entropies, collision probabilities from
-:mod:`stapo.tokenstats`, ratios, advantages) and summarise them per probability × entropy quadrant, with the
+take the per-token tensors of a training step (log-probs, entropies, collision probabilities Σπ², ratios,
+advantages; :class:`TokenDiagnostics` computes the collision probabilities) and summarise them per probability × entropy quadrant, with the
 thresholds of the S2T mask (τ_p and the candidates' q-quantile).
 
 Shapes: logps, entropies, collision, ratio, completion_mask [B, T]; advantages [B].

@@ -4,18 +4,15 @@
 
 * **strict** (``Grade.correct`` with ``strict=True``; what ``stapo eval`` reports): the answer is the content of
   the final ``\\boxed{...}`` / ``\\fbox{...}`` of the whole completion (nested braces;
-  ``stapo.rewards.last_boxed``). No box, an unclosed final box (truncated mid-answer) or a box longer than
+  ``stapo.answers.final_box``). No box, an unclosed final box (truncated mid-answer) or a box longer than
   ``MAX_BOX_CHARS`` is wrong (status ``no_box`` / ``unparsable``): the paper's prompt asks for a box, and leniency
   here favours runs whose entropy runs away (a rambling completion always contains some number).
 * **fallback** (``Grade.fallback_correct``; a diagnostic, and the ``math_verify`` training reward's verdict): the
   final box if there is one, else math-verify's own LaTeX extraction from the completion's last
   ``MAX_COMPLETION_CHARS`` characters, else the last plain number of that tail ("... = 19.").
 
-math-verify (LaTeX extraction only) parses prediction and gold and checks symbolic equivalence. Before parsing,
-the boxed answer and the gold are put in one notation (``normalize_notation``): computer e-notation becomes
-``\\times10^{k}`` (Minerva's golds say ``4.5e33``; math-verify would read ``e`` as Euler's number) and a percent
-sign is dropped (``12\\%`` vs gold ``12``), as an LLM verifier would judge them. Units in ``\\text{}`` /
-``\\mathrm{}`` are ignored by math-verify itself (``7.5\\times10^{5}\\text{ m/s}`` equals ``7.5e5``).
+math-verify (LaTeX extraction only) parses prediction and gold and checks symbolic equivalence, after both are
+put in one notation (``stapo.answers.normalize_notation``: e-notation, percent signs).
 
 Model output is text, never code: we never eval/exec/sympify it, and math-verify's ``ExprExtractionConfig`` (which
 calls ``sympy.parse_expr``, an ``eval``) is deliberately not used. Each answer has ``timeout`` seconds of wall clock,
@@ -41,27 +38,23 @@ import logging
 import math
 import multiprocessing as mp
 import os
-import re
 import signal
 import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from multiprocessing.connection import wait
 
-from stapo.rewards import last_boxed, normalize_answer
+from stapo.answers import MAX_COMPLETION_CHARS, TOO_LONG, extract_answer, final_box, last_number, normalize_answer, \
+    normalize_notation
 
-__all__ = ["Grade", "grade", "grade_one", "extract_answer", "final_box", "last_number", "normalize_notation",
-           "MAX_COMPLETION_CHARS", "MAX_BOX_CHARS", "STATUSES"]
+__all__ = ["Grade", "grade", "grade_one", "default_workers", "shutdown"]
 
-MAX_COMPLETION_CHARS = 4096  # the fallback parses only this tail of a completion
-MAX_BOX_CHARS = 1024  # a longer final box is not an answer (MATH-500's longest gold has 159 characters)
 WORKER_MEMORY_BYTES = 3 << 30  # RLIMIT_AS per worker
 PIPELINE_DEPTH = 3  # jobs queued per worker
 HARD_GRACE = 1.0  # s past an answer's deadline before the parent kills a worker that did not stop on its own
-STATUSES = ("ok", "no_box", "timeout", "unparsable", "error")
 
 
 @dataclass(frozen=True)
@@ -82,53 +75,8 @@ class Grade:
     fallback_correct: bool = False
     fallback_extracted: str | None = None
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
-
-def extract_answer(completion: str) -> str | None:
-    """The last ``\\boxed{...}`` content in the bounded tail of ``completion`` (None if there is no box)."""
-    return last_boxed(completion[-MAX_COMPLETION_CHARS:])
-
-
-TOO_LONG = object()  # final_box: the final box exceeds MAX_BOX_CHARS
-_TOO_LONG_MARK = "\x00too-long"  # TOO_LONG as sent to a worker (a picklable string no completion contains)
-
-
-def final_box(completion: str):
-    """Content of the final ``\\boxed{}``/``\\fbox{}`` anywhere in ``completion``; None, or ``TOO_LONG``.
-
-    O(len) at C speed (``rfind``) plus at most ``MAX_BOX_CHARS`` of brace matching, so a 1 MB completion is cheap.
-    """
-    start = max(completion.rfind("\\boxed"), completion.rfind("\\fbox"))
-    if start < 0:
-        return None
-    window = completion[start : start + MAX_BOX_CHARS + 16]  # the command, spaces, braces and the content
-    content = last_boxed(window)
-    if content is None and len(completion) > start + len(window):
-        return TOO_LONG  # unclosed within the window: longer than any answer
-    if content is not None and len(content) > MAX_BOX_CHARS:
-        return TOO_LONG
-    return content
-
-
-_E_NOTATION = re.compile(r"(?<![\\\w.])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?![\w.])")
-_PERCENT = re.compile(r"(?:\\[ ,;!]|\s)*\\?%\s*$")
-
-
-def normalize_notation(answer: str) -> str:
-    """Same notation for prediction and gold: ``4.5e33`` -> ``4.5\\times10^{33}``; a trailing ``\\%`` is dropped."""
-    answer = _E_NOTATION.sub(lambda m: f"{m.group(1)}\\times10^{{{int(m.group(2))}}}", answer)
-    return _PERCENT.sub("", answer)
-
-
-_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
-
-
-def last_number(text: str) -> str | None:
-    """The last number in ``text`` (integers, decimals, a/b, thousands separators dropped), or None."""
-    found = _NUMBER.findall(text)
-    return found[-1].replace(",", "") if found else None
+_TOO_LONG_MARK = "\x00too-long"  # answers.TOO_LONG as sent to a worker (a picklable string no completion contains)
 
 
 def _parse_latex(text: str):
@@ -310,8 +258,7 @@ class _Worker:
         return self.head_since + self.timeout + HARD_GRACE if self.jobs else math.inf
 
     def submit(self, index: int, parts: tuple, gold: str, timeout: float) -> None:
-        # only the final box and the tail are graded: sending just those keeps every message small (the pipe never
-        # blocks us)
+        # only the final box and the tail are graded: small messages, so the pipe never blocks us
         self.conn.send((*parts, gold, timeout))
         if not self.jobs:
             self.head_since = time.monotonic()
@@ -442,10 +389,8 @@ def _next_job(queues: list[deque], k: int) -> int | None:
 
 
 def _run_pool(pool, ctx, parts, golds, timeout, results) -> None:
-    """Dispatch loop: keep every worker's queue filled, collect answers, kill and replace workers past a deadline.
-
-    Work is dispatched from per-worker queues (``_gold_queues``, ``_next_job``).
-    """
+    """Dispatch loop: keep every worker's queue (``_gold_queues``, ``_next_job``) filled, collect answers, kill and
+    replace workers past a deadline."""
     queues = _gold_queues(golds, len(pool))
 
     def fail(k: int, status: str | None) -> None:

@@ -107,19 +107,6 @@ def _tiny_qwen3(tmp: Path, size: dict) -> None:
     tok.save_pretrained(tmp)
 
 
-def _unquantized(model_dir: Path) -> Path:
-    """Repair a conversion cached by an older version whose config.json kept the GGUF quantization_config."""
-    import json
-
-    from stapo.atomic import atomic_write_json
-
-    config_path = model_dir / "config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    if config.pop("quantization_config", None) is not None:
-        atomic_write_json(config_path, config)
-    return model_dir
-
-
 def _tiny_size(query: str) -> dict:
     size = dict(TINY_QWEN3_DEFAULTS)
     for key, value in parse_qsl(query, strict_parsing=bool(query)):
@@ -154,7 +141,7 @@ def resolve_model(spec: str) -> str:
     if spec.startswith("bundled:"):
         name, _, query = spec[len("bundled:") :].partition("?")
         if name == "smollm2-135m-instruct":
-            return str(_unquantized(_build_atomically(cache_dir() / "smollm2-135m-instruct", _smollm2)))
+            return str(_build_atomically(cache_dir() / "smollm2-135m-instruct", _smollm2))
         size = _tiny_size(query)
         tag = "-".join(f"{k}{v}" for k, v in sorted(size.items()))
         return str(_build_atomically(cache_dir() / f"tiny-qwen3-{tag}", lambda t: _tiny_qwen3(t, size)))

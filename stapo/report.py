@@ -1,6 +1,6 @@
 """``stapo report``: the paper's Table 2 and training figures from score summaries and training metrics.
 
-Inputs (layout of /work/notes/contract.md):
+Inputs:
     scores/<model>/<method>/<ckpt>/<benchmark>/<setting>.summary.json   one evaluation (``stapo eval``)
     runs/<model>/<method>/metrics.jsonl                                 one line per optimiser step (``stapo train``)
     runs/<model>/<method>/diagnostics.jsonl, silenced_examples.jsonl   token diagnostics (train.diagnostics_every)
@@ -13,10 +13,7 @@ Outputs (under ``--out``, each written atomically):
     table.tex    the same as LaTeX (booktabs)
     scores.csv   every evaluated cell (all checkpoints) with its 95 % CI, plus per-row averages; per cell also the
                  rule-only, verifier-corrected and lenient-fallback accuracies, truncation and no-box rates
-    figures/<model>_{entropy,reward,accuracy,silenced}.{png,pdf}
-    figures/<model>_{quadrants,entropy_quantiles}.{png,pdf}   the paper's token analysis ("no data" without
-                 diagnostics): mean closed-form ‖∇_a J‖ per probability × entropy quadrant (positive-advantage
-                 tokens, all logged steps), and the 10/25/50/75/90 % entropy quantiles vs step
+    figures/<model>_<kind>.{png,pdf}   for each of ``FIGURE_KINDS`` (what each plots: ``stapo.figures``)
     silenced_examples.md   the logged silenced tokens: context, token, p, H, Â and the top-5 alternatives
 
 The table uses the ``final`` checkpoint of each trained method and ``base`` for the untrained model. Avg is the
@@ -29,32 +26,18 @@ import csv
 import io
 import json
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from stapo.atomic import atomic_write
+from stapo.figures import FIGURE_KINDS, write_figures  # FIGURE_KINDS: the figure files write_report writes
+from stapo.names import BENCHMARKS, METHODS, MODELS, PAPER_BENCHMARKS, SETTINGS, label, paper_key
 
 __all__ = ["add_arguments", "run", "load_scores", "load_metrics", "load_paper", "write_report", "FIGURE_KINDS"]
 
 PAPER_CSV = Path(__file__).parent / "reference" / "paper_v2_table.csv"
-METHOD_NAMES = {"base": "Base", "grpo": "GRPO", "entropy20": "20-Entropy", "justrl": "JustRL", "stapo": "STAPO",
-                # ablations of the S2T mask (configs/ablations.yaml)
-                "stapo_high": "STAPO (mask high-H)", "stapo_random": "STAPO (mask random)",
-                "stapo_full": "STAPO (mask all candidates)"}
-MODEL_NAMES = {"qwen3-1.7b-base": "Qwen3-1.7B-Base", "qwen3-8b-base": "Qwen3-8B-Base",
-               "qwen3-14b-base": "Qwen3-14B-Base"}
-BENCHMARKS = {"aime24": "AIME24", "aime25": "AIME25", "amc23": "AMC23", "math500": "MATH500",
-              "minerva": "Minerva", "olympiadbench": "OlympiadBench", "arith": "Arith"}
-PAPER_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
-SETTINGS = ("t1.0_p1.0", "t0.7_p0.9")  # cell = "first (second)"
-SETTING_LABELS = {"t1.0_p1.0": "T1.0", "t0.7_p0.9": "T0.7"}
-FIGURE_KINDS = ("entropy", "reward", "accuracy", "silenced", "quadrants", "entropy_quantiles")
-QUADRANT_LABELS = {"lowp_lowh": "low p\nlow H\n(S2T)", "lowp_highh": "low p\nhigh H", "highp_lowh": "high p\nlow H",
-                   "highp_highh": "high p\nhigh H"}
-QUANTILE_KEYS = ("entropy_q10", "entropy_q25", "entropy_q50", "entropy_q75", "entropy_q90")
 TABLE_CKPTS = ("final", "base")
 
 
@@ -123,10 +106,23 @@ def load_metrics(runs_dir: str | Path, name: str = "metrics.jsonl") -> dict[tupl
 
 
 def load_paper(path: str | Path = PAPER_CSV) -> dict[tuple[str, str, str, str], float]:
-    """The paper's v2 Table 2: ``(paper model, paper method, benchmark|avg, setting) -> accuracy``."""
+    """The paper's v2 Table 2 in our keys: ``(model, method, benchmark|'avg', setting) -> accuracy``.
+
+    The file names models, methods, benchmarks and settings by their paper keys (``stapo.names``, ``Name.paper``);
+    a name the registry does not know is an error (naming the file and the row).
+    """
+    ours = {field: {n.paper: n.key for n in registry.values() if n.paper} for field, registry in
+            (("model", MODELS), ("method", METHODS), ("benchmark", BENCHMARKS), ("setting", SETTINGS))}
+    ours["benchmark"]["avg"] = "avg"
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    return {(r["model"], r["method"], r["benchmark"], r["setting"]): float(r["accuracy"]) for r in rows}
+    paper = {}
+    for i, r in enumerate(rows, 2):
+        unknown = [f"{field} {r[field]!r}" for field in ours if r[field] not in ours[field]]
+        if unknown:
+            raise ValueError(f"{path}:{i}: {', '.join(unknown)} not in stapo.names")
+        paper[tuple(ours[field][r[field]] for field in ours)] = float(r["accuracy"])
+    return paper
 
 
 # ---------------------------------------------------------------------------------------------- table
@@ -141,7 +137,7 @@ def _ordered(keys, preferred):
 def _layout(scores: list[Score], study: dict) -> dict[str, dict]:
     """Per model: the methods (rows), benchmarks (columns) and the table's cells {(method, bench, setting): Score}."""
     models = _ordered({s.model for s in scores}, list(study.get("models", {})))
-    method_order = list(METHOD_NAMES) + list(study.get("methods", {}))  # the paper's row order first
+    method_order = list(METHODS) + list(study.get("methods", {}))  # the paper's row order first
     layout = {}
     for model in models:
         cells = {(s.method, s.benchmark, s.setting): s for s in scores
@@ -177,12 +173,12 @@ def _row_values(cells, method, benchmarks, field: str = "accuracy") -> dict[tupl
 
 
 def _paper_values(paper, model, method, benchmarks) -> dict[tuple[str, str], float | None] | None:
-    pm, pmeth = MODEL_NAMES.get(model), METHOD_NAMES.get(method)
-    if pm is None or not any(k[:2] == (pm, pmeth) for k in paper):
+    """The paper's row of (model, method) in the table's cells, or None when the paper has no such row."""
+    if not any(k[:2] == (model, method) for k in paper):
         return None
     # The paper's Avg covers the six benchmarks: compare it only when we have all six.
     full = set(PAPER_BENCHMARKS) <= set(benchmarks)
-    return {(b, s): paper.get((pm, pmeth, b, s)) if (b != "avg" or full) else None
+    return {(b, s): paper.get((model, method, b, s)) if (b != "avg" or full) else None
             for b in list(benchmarks) + ["avg"] for s in SETTINGS}
 
 
@@ -193,7 +189,9 @@ def _fmt(v, signed=False) -> str:
 
 
 def _cell(vals, bench, signed=False) -> str:
-    return f"{_fmt(vals[(bench, SETTINGS[0])], signed)} ({_fmt(vals[(bench, SETTINGS[1])], signed)})"
+    """"first (second)": the value at each of the two settings."""
+    first, second = SETTINGS
+    return f"{_fmt(vals[(bench, first)], signed)} ({_fmt(vals[(bench, second)], signed)})"
 
 
 def table_rows(entry: dict, model: str, paper: dict) -> list[tuple[str, list[str]]]:
@@ -201,7 +199,7 @@ def table_rows(entry: dict, model: str, paper: dict) -> list[tuple[str, list[str
     benches, rows = entry["benchmarks"], []
     for method in entry["methods"]:
         ours = _row_values(entry["cells"], method, benches)
-        name = METHOD_NAMES.get(method, method)
+        name = label(METHODS, method)
         rows.append((name, [_cell(ours, b) for b in benches + ["avg"]]))
         if _verified(entry):
             rule = _row_values(entry["cells"], method, benches, "rule_accuracy")
@@ -223,8 +221,8 @@ def _verified(entry: dict) -> bool:
 
 def _footnotes(entry: dict, model: str) -> list[str]:
     benches = entry["benchmarks"]
-    notes = [f"Cells: accuracy (%), avg@n over samples, at T 1.0 / top-p 1.0 (T 0.7 / top-p 0.9); 95 % CIs in "
-             f"scores.csv. Trained methods: final checkpoint; Base: the untrained model."]
+    notes = ["Cells: accuracy (%), avg@n over samples, at T 1.0 / top-p 1.0 (T 0.7 / top-p 0.9); 95 % CIs in "
+             "scores.csv. Trained methods: final checkpoint; Base: the untrained model."]
     if _verified(entry):
         notes.append("Accuracy: strict rule grade (final \\boxed{} answer, math-verify) corrected by the LLM "
                      "verifier (the paper's protocol); \"(rule only)\" rows: before correction.")
@@ -232,17 +230,17 @@ def _footnotes(entry: dict, model: str) -> list[str]:
         notes.append("Accuracy: strict rule grade (final \\boxed{} answer, math-verify), no LLM-verifier "
                      "correction (the paper's numbers are verifier-corrected); truncation and no-box rates in "
                      "scores.csv.")
-    missing = [BENCHMARKS[b] for b in PAPER_BENCHMARKS if b not in benches]
+    missing = [BENCHMARKS[b].label for b in PAPER_BENCHMARKS if b not in benches]
     if missing or len(benches) != len(PAPER_BENCHMARKS):
-        present = ", ".join(BENCHMARKS.get(b, b) for b in benches)
+        present = ", ".join(label(BENCHMARKS, b) for b in benches)
         notes.append(f"Avg is over the {len(benches)} benchmark(s) present ({present}), not the paper's six"
                      + (f"; not evaluated: {', '.join(missing)}." if missing else "."))
     protocol = sorted({(s.benchmark, s.problems, s.n_samples) for s in entry["cells"].values()},
                       key=lambda t: list(BENCHMARKS).index(t[0]) if t[0] in BENCHMARKS else 99)
     if protocol:
-        notes.append("Protocol: " + "; ".join(f"{BENCHMARKS.get(b, b)} {p} problems × avg@{n}"
+        notes.append("Protocol: " + "; ".join(f"{label(BENCHMARKS, b)} {p} problems × avg@{n}"
                                               for b, p, n in protocol) + ".")
-    if model in MODEL_NAMES:
+    if paper_key(MODELS, model) is not None:
         notes.append("Paper numbers: STAPO v2 Table 2 (stapo/reference/paper_v2_table.csv); Δ = ours − paper.")
     return notes
 
@@ -251,8 +249,8 @@ def render_markdown(layout: dict, paper: dict, study: dict) -> str:
     lines = [f"# STAPO reproduction — study `{study.get('study', 'unnamed')}`", ""]
     for model, entry in layout.items():
         benches = entry["benchmarks"]
-        lines += [f"## {MODEL_NAMES.get(model, model)}", ""]
-        lines.append("| Method | " + " | ".join(BENCHMARKS.get(b, b) for b in benches) + " | Avg |")
+        lines += [f"## {label(MODELS, model)}", ""]
+        lines.append("| Method | " + " | ".join(label(BENCHMARKS, b) for b in benches) + " | Avg |")
         lines.append("|---|" + "---|" * (len(benches) + 1))
         lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in table_rows(entry, model, paper)]
         lines.append("")
@@ -275,10 +273,10 @@ def render_latex(layout: dict, paper: dict, study: dict) -> str:
     for model, entry in layout.items():
         benches = entry["benchmarks"]
         out += [r"\begin{table}[t]", r"\centering", r"\small",
-                rf"\caption{{{_tex_escape(MODEL_NAMES.get(model, model))}: accuracy (\%), "
+                rf"\caption{{{_tex_escape(label(MODELS, model))}: accuracy (\%), "
                 r"$T{=}1.0$ ($T{=}0.7$, top-$p$ 0.9).}",
                 r"\begin{tabular}{l" + "c" * (len(benches) + 1) + "}", r"\toprule",
-                " & ".join(["Method"] + [BENCHMARKS.get(b, b) for b in benches] + ["Avg"]) + r" \\", r"\midrule"]
+                " & ".join(["Method"] + [label(BENCHMARKS, b) for b in benches] + ["Avg"]) + r" \\", r"\midrule"]
         out += [" & ".join(_tex_escape(x) for x in [label] + cells) + r" \\"
                 for label, cells in table_rows(entry, model, paper)]
         out += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
@@ -294,11 +292,8 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
                 "fallback_accuracy", "truncation_rate", "no_box_rate"])
     opt = lambda v: "" if v is None else f"{v:.4f}"  # noqa: E731
 
-    def paper_value(model, method, bench, setting):
-        return paper.get((MODEL_NAMES.get(model), METHOD_NAMES.get(method), bench, setting))
-
     for s in scores:
-        p = paper_value(s.model, s.method, s.benchmark, s.setting) if s.ckpt in TABLE_CKPTS else None
+        p = paper.get((s.model, s.method, s.benchmark, s.setting)) if s.ckpt in TABLE_CKPTS else None
         w.writerow([s.model, s.method, s.ckpt, s.benchmark, s.setting, f"{s.accuracy:.4f}", f"{s.ci_lo:.4f}",
                     f"{s.ci_hi:.4f}", s.n_samples, s.problems, _fmt(p).replace("–", ""),
                     "" if p is None else f"{s.accuracy - p:.4f}", opt(s.rule_accuracy), opt(s.corrected_accuracy),
@@ -310,188 +305,11 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
                 avg = row_average(entry["cells"], method, entry["benchmarks"], setting)
                 if avg is None:
                     continue
-                p = paper_value(model, method, "avg", setting) if full else None
+                p = paper.get((model, method, "avg", setting)) if full else None
                 w.writerow([model, method, "base" if method == "base" else "final", "avg", setting,
                             *(f"{v:.4f}" for v in avg), "", "", _fmt(p).replace("–", ""),
                             "" if p is None else f"{avg[0] - p:.4f}"])
     return buf.getvalue()
-
-
-# ---------------------------------------------------------------------------------------------- figures
-
-
-def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
-    """(x, y) of ``key`` per training step in the paper's unit, the rollout step (verl step): the optimiser steps
-    of one rollout batch are averaged, as verl logs them. Rows without ``rollout_step`` count as one each."""
-    by_step: dict[int, list[float]] = defaultdict(list)
-    for r in rows:
-        if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]):
-            by_step[int(r.get("rollout_step", r["step"]))].append(float(r[key]))
-    xs = sorted(by_step)
-    return xs, [sum(by_step[x]) / len(by_step[x]) for x in xs]
-
-
-def _smooth(ys: list[float], window: int) -> list[float]:
-    """Trailing moving average (the paper's curves are smoothed); identity when window <= 1."""
-    if window <= 1:
-        return ys
-    out, acc = [], 0.0
-    for i, y in enumerate(ys):
-        acc += y - (ys[i - window] if i >= window else 0.0)
-        out.append(acc / min(i + 1, window))
-    return out
-
-
-def _metric_panel(ax, metrics: dict, model: str, methods: list[str], key: str, ylabel: str, log=False) -> bool:
-    from matplotlib.ticker import MaxNLocator
-
-    drew = False
-    for method in methods:
-        xs, ys = _series(metrics.get((model, method), []), key)
-        if log:
-            xs, ys = [x for x, y in zip(xs, ys) if y > 0], [y for y in ys if y > 0]
-        if xs:  # markers on short runs, so identical curves (e.g. before the methods diverge) stay visible
-            ax.plot(xs, _smooth(ys, max(1, len(ys) // 50)), label=METHOD_NAMES.get(method, method), lw=1.4,
-                    marker="o" if len(xs) <= 30 else None, ms=7 - 1.5 * (methods.index(method) % 4), alpha=0.85)
-            drew = True
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel(STEP_LABEL)
-    ax.set_ylabel(ylabel)
-    return drew
-
-
-STEP_LABEL = "training step (rollout batches)"
-
-
-def _step_of(ckpt: str, rows: list[dict]) -> int | None:
-    """Rollout step of a checkpoint: checkpoint-N is named by TRL's optimiser step N (stapo.schedule)."""
-    if ckpt == "base":
-        return 0
-    if not rows:
-        return None
-    if ckpt.startswith("checkpoint-"):
-        n = int(ckpt.split("-", 1)[1])
-        return next((int(r.get("rollout_step", n)) for r in rows if r["step"] == n), None)
-    return int(rows[-1].get("rollout_step", rows[-1]["step"]))
-
-
-def _accuracy_panel(ax, scores: list[Score], metrics: dict, model: str, methods: list[str]) -> bool:
-    """Accuracy vs step on the curve benchmark (AIME24 when evaluated, else the best-covered one)."""
-    from matplotlib.ticker import MaxNLocator
-
-    mine = [s for s in scores if s.model == model]
-    counts = defaultdict(int)
-    for s in mine:
-        counts[s.benchmark] += 1
-    if not counts:
-        return False
-    bench = "aime24" if "aime24" in counts else max(counts, key=counts.get)
-    drew = False
-    for method in [m for m in methods if m != "base"]:
-        rows = metrics.get((model, method), [])
-        for setting, style in zip(SETTINGS, ("-", "--")):
-            pts = sorted(p for p in ((_step_of(s.ckpt, rows), s.accuracy) for s in mine
-                                     if s.benchmark == bench and s.setting == setting and s.method in (method, "base"))
-                         if p[0] is not None)
-            if pts:
-                label = f"{METHOD_NAMES.get(method, method)} {SETTING_LABELS[setting]}"
-                ax.plot(*zip(*pts), style, marker="o", ms=3, label=label)
-                drew = True
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel(f"{STEP_LABEL}, 0 = base model")
-    ax.set_ylabel(f"{BENCHMARKS.get(bench, bench)} accuracy (%)")
-    return drew
-
-
-def _quadrant_panel(ax, diagnostics: dict, model: str, methods: list[str]) -> bool:
-    """Bars: mean ‖∇_a J‖ per quadrant, count-weighted over the logged steps, one bar group per method; the
-    number of tokens behind each bar above it (the low-p quadrants are ~1 % of tokens: small samples)."""
-    present = [m for m in methods if diagnostics.get((model, m))]
-    width = 0.8 / max(1, len(present))
-    for j, method in enumerate(present):
-        means, counts = [], []
-        for q in QUADRANT_LABELS:
-            rows = [(r[f"quadrant/{q}_count"], r[f"quadrant/{q}_grad_norm"]) for r in diagnostics[(model, method)]
-                    if r.get(f"quadrant/{q}_grad_norm") is not None]
-            n = sum(c for c, _ in rows)
-            means.append(sum(c * g for c, g in rows) / n if n else 0.0)
-            counts.append(n)
-        xs = [i + (j - (len(present) - 1) / 2) * width for i in range(len(QUADRANT_LABELS))]
-        bars = ax.bar(xs, means, width=width, label=METHOD_NAMES.get(method, method))
-        ax.bar_label(bars, [f"n={int(n)}" for n in counts], fontsize=6, padding=1)
-    ax.set_xticks(range(len(QUADRANT_LABELS)), list(QUADRANT_LABELS.values()), fontsize=7)
-    ax.set_ylabel("mean closed-form ‖∇ₐJ‖ (Â > 0 tokens)")
-    ax.margins(y=0.25)  # room for the counts and the legend above the tallest bar
-    return bool(present)
-
-
-def _quantile_panel(ax, diagnostics: dict, model: str, methods: list[str]) -> bool:
-    """Entropy quantile curves vs step: colour = method, line style = quantile (10 … 90 %)."""
-    styles = (":", "--", "-", "--", ":")
-    drew = False
-    for i, method in enumerate(m for m in methods if diagnostics.get((model, m))):
-        for key, style in zip(QUANTILE_KEYS, styles):
-            xs, ys = _series(diagnostics[(model, method)], key)
-            label = METHOD_NAMES.get(method, method) if key == "entropy_q50" else None
-            ax.plot(xs, ys, style, color=f"C{i}", lw=1.8 if key == "entropy_q50" else 0.9, label=label)
-            drew = True
-    if drew:  # the line styles, once, in grey
-        for style, label in (("-", "median"), ("--", "25 / 75 %"), (":", "10 / 90 %")):
-            ax.plot([], [], style, color="grey", lw=0.9, label=label)
-        low, high = ax.get_ylim()
-        ax.set_ylim(low, high + 0.3 * (high - low))  # room for the legend above the 90 % curve
-    ax.set_xlabel(STEP_LABEL)
-    ax.set_ylabel("token entropy quantiles 10–90 % (nats)")
-    return drew
-
-
-def draw_figure(kind: str, model: str, scores: list[Score], metrics: dict, methods: list[str],
-                diagnostics: dict | None = None):
-    """One matplotlib figure of ``kind`` for ``model`` (all methods in one panel)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
-    diagnostics = diagnostics or {}
-    if kind == "quadrants":
-        drew = _quadrant_panel(ax, diagnostics, model, methods)
-    elif kind == "entropy_quantiles":
-        drew = _quantile_panel(ax, diagnostics, model, methods)
-    elif kind == "entropy":
-        drew = _metric_panel(ax, metrics, model, methods, "entropy_mean", "mean token entropy (nats)")
-    elif kind == "reward":
-        drew = _metric_panel(ax, metrics, model, methods, "reward_mean", "training reward (mean)")
-    elif kind == "silenced":
-        drew = _metric_panel(ax, metrics, model, methods, "silenced_fraction", "silenced-token fraction", log=True)
-        ax.set_yscale("log")
-        ax.axhline(1e-4, color="grey", ls=":", lw=1, label="1e-4")
-        drew = True
-    else:
-        drew = _accuracy_panel(ax, scores, metrics, model, methods)
-    if not drew:
-        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
-    elif ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, frameon=False, loc="upper right" if kind in ("quadrants", "entropy_quantiles") else "best",
-                  ncol=4 if kind == "entropy_quantiles" else 1)
-    ax.set_title(f"{MODEL_NAMES.get(model, model)}: {kind}", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def write_figures(out_dir: Path, models: list[str], methods: list[str], scores: list[Score], metrics: dict,
-                  diagnostics: dict | None = None):
-    import matplotlib.pyplot as plt
-
-    for model in models:
-        for kind in FIGURE_KINDS:
-            fig = draw_figure(kind, model, scores, metrics, methods, diagnostics)
-            for ext in ("png", "pdf"):
-                buf = io.BytesIO()
-                fig.savefig(buf, format=ext)
-                atomic_write(out_dir / "figures" / f"{model}_{kind}.{ext}", buf.getvalue())
-            plt.close(fig)
 
 
 def render_examples(examples: dict, models: list[str], methods: list[str], per_run: int = 20) -> str:
@@ -509,7 +327,7 @@ def render_examples(examples: dict, models: list[str], methods: list[str], per_r
             if not rows:
                 continue
             found = True
-            lines += [f"## {MODEL_NAMES.get(model, model)} / {METHOD_NAMES.get(method, method)}", "",
+            lines += [f"## {label(MODELS, model)} / {label(METHODS, method)}", "",
                       "| step | context | token | p | H | Â | top-5 alternatives (p) |", "|---|---|---|---|---|---|---|"]
             for r in rows:
                 top = ", ".join(f"`{esc(t['token'])}` {t['p']:.3f}" for t in r["top"])
@@ -545,7 +363,7 @@ def write_report(scores_dir, runs_dir, out_dir, study: dict | None = None, paper
     models = selected or _ordered(set(layout) | {m for m, _ in metrics} | set(study.get("models", {})),
                                   list(study.get("models", {})))
     methods = _ordered({m for _, m in metrics} | {s.method for s in scores} | set(study.get("methods", {})),
-                       list(METHOD_NAMES) + list(study.get("methods", {})))
+                       list(METHODS) + list(study.get("methods", {})))
     write_figures(out_dir, models, methods, scores, metrics, load_metrics(runs_dir, "diagnostics.jsonl"))
     atomic_write(out_dir / "silenced_examples.md", render_examples(_load_examples(runs_dir), models, methods))
     return layout

@@ -21,70 +21,13 @@ TRL's reward plumbing, Snakemake ``run:`` blocks or any thread pool — and it g
 
 from __future__ import annotations
 
-import re
+from stapo.answers import last_boxed, normalize_answer, strict_box
+from stapo.grading import grade
 
-__all__ = ["last_boxed", "normalize_answer", "dapo_strict", "dapo_lenient", "math_verify", "REWARDS", "get_reward"]
+__all__ = ["dapo_strict", "dapo_lenient", "math_verify", "REWARDS", "get_reward"]
 
 DAPO_TAIL_CHARS = 300  # verl math_dapo: "The longest answer in MATH-500 has 159 characters"
 DAPO_BOX_WINDOW = 100  # JustRL is_correct_strict_box: the box is searched in the last 100 of those characters
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
-
-
-def _braced(text: str, open_at: int) -> str | None:
-    """Content of the brace group opening at ``text[open_at] == '{'`` (nested braces), or None if unclosed."""
-    depth = 0
-    for i in range(open_at, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_at + 1 : i]
-    return None
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed ...`` in ``text``, or None.
-
-    Nested braces are matched (``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1}{2}``); the space form ``\\boxed 5`` takes
-    the characters up to the next ``$`` or whitespace (verl/MATH ``last_boxed_only_string`` semantics). An
-    unclosed last box gives None.
-    """
-    if not text:
-        return None
-    starts = [(text.rfind(cmd), cmd) for cmd in _BOX_COMMANDS]
-    start, cmd = max(starts)
-    if start < 0:
-        return None
-    rest = start + len(cmd)
-    if text.startswith(" ", rest) and not text[rest:].lstrip(" ").startswith("{"):
-        match = re.match(r" +([^\s$]+)", text[rest:])
-        return match.group(1) if match else None
-    brace = rest + (len(text[rest:]) - len(text[rest:].lstrip(" ")))
-    if brace >= len(text) or text[brace] != "{":
-        return None
-    return _braced(text, brace)
-
-
-_TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
-
-
-def normalize_answer(answer: str) -> str:
-    """Light normalisation before the exact string match (DAPO verifier spirit, not symbolic).
-
-    Strips surrounding whitespace and ``$``, ``\\left``/``\\right``, ``\\text{}``-style wrappers, ``\\!``/``\\,``
-    spacing, all spaces, a trailing period, ``dfrac``/``tfrac`` -> ``frac``, and thousands separators in plain
-    integers ("1,000" -> "1000").
-    """
-    s = answer.strip().strip("$").strip()
-    s = _TEXT_WRAPPERS.sub(r"\1", s)
-    for old, new in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("\\,", ""), ("\\;", ""), ("\\dfrac", "\\frac"),
-                     ("\\tfrac", "\\frac"), ("^\\circ", ""), ("^{\\circ}", "")):
-        s = s.replace(old, new)
-    s = re.sub(r"\s+", "", s).rstrip(".")
-    if re.fullmatch(r"-?\d{1,3}(,\d{3})+", s):
-        s = s.replace(",", "")
-    return s
 
 
 def _completion_text(completion) -> str:
@@ -92,15 +35,6 @@ def _completion_text(completion) -> str:
     if isinstance(completion, str):
         return completion
     return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
-
-
-def strict_box(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (brace-matched), or None: JustRL's ``last_boxed_only_string`` +
-    ``remove_boxed`` (no ``\\fbox``, no space form; an unclosed last box is no answer)."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    return _braced(text, start + len("\\boxed"))
 
 
 def dapo_strict_score(completion: str, gold: str) -> float:
@@ -143,8 +77,6 @@ def math_verify(prompts=None, completions=None, answer=None, *, correct: float =
     Grading is :func:`stapo.grading.grade` — the evaluator's own: LaTeX-only parsing (no eval of model text),
     killable worker processes with a hard per-answer deadline, callable from any thread.
     """
-    from stapo.grading import grade  # grading imports last_boxed from here
-
     if answer is None:
         raise ValueError("math_verify: the dataset has no 'answer' column")
     grades = grade([_completion_text(c) for c in completions], [str(a) for a in answer], timeout=timeout_s)

@@ -11,7 +11,7 @@ from math import comb
 
 import numpy as np
 
-from stapo.rewards import normalize_answer
+from stapo.answers import normalize_answer
 from stapo.study.evaluation import EvalConfig
 
 __all__ = ["build_records", "avg_at_n", "pass_at_k", "maj_at_n", "bootstrap_ci", "summarize", "BOOTSTRAP_ITERS"]

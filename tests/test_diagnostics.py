@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from helpers.tokenstats import token_stats
 from stapo.diagnostics import (
     QUADRANTS,
     entropy_quantiles,
@@ -15,7 +16,6 @@ from stapo.diagnostics import (
     silenced_examples,
 )
 from stapo.objectives import silence_mask
-from stapo.tokenstats import token_stats
 
 
 def _autograd_norm_sq(logits, labels, old_logps, adv, eps_low=0.2, eps_high=0.28):

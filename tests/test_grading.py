@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
@@ -10,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from stapo.grading import MAX_COMPLETION_CHARS, Grade, extract_answer, grade, grade_one
+from stapo.answers import MAX_BOX_CHARS, MAX_COMPLETION_CHARS, extract_answer, final_box
+from stapo.grading import Grade, grade, grade_one
 
 S = "We compute carefully. The final answer is "
 
-# (boxed answer in the completion, gold answer verbatim from ../shared/data/benchmarks, expected verdict)
+# (boxed answer in the completion, gold answer, expected verdict); golds verbatim from the bundled benchmark files
+# (stapo/tasks/data/*.jsonl), plus a few made-up ones for notations the files lack (intervals, names, e-notation, %)
 CASES = [
     # integers (AIME / AMC golds)
     ("204", "204", True), ("204.0", "204", True), ("0204", "204", True), ("205", "204", False),
@@ -68,11 +69,6 @@ CASES = [
 
 def _completion(answer: str) -> str:
     return f"{S}$\\boxed{{{answer}}}$."
-
-
-def test_case_table_is_large_enough():
-    assert len(CASES) >= 60
-    assert sum(not ok for _, _, ok in CASES) >= 20
 
 
 def test_case_table_verdicts():
@@ -196,7 +192,6 @@ def test_no_signal_handler_left_in_parent():
     before = signal.getsignal(signal.SIGALRM)
     grade([_completion("1")], ["1"])
     assert signal.getsignal(signal.SIGALRM) == before
-    assert os.getpid()  # parent alive, nothing forked into it
 
 
 def test_workers_persist_between_calls_and_dead_ones_are_replaced():
@@ -218,10 +213,6 @@ def test_task_process_results_hook_for_plain_lm_eval():
 
 
 def test_plain_text_answer_falls_back_to_the_last_number():
-    from stapo.grading import grade_one, last_number
-
-    assert last_number("12 + 7 = 19.") == "19" and last_number("so 1,250.5 or -3/4") == "-3/4"
-    assert last_number("no digits") is None
     g = grade_one("12 + 7 = 19.", "19")
     assert g.correct and g.extracted == "19" and g.status == "ok"
     assert not grade_one("The answer is 20", "19").correct
@@ -245,8 +236,6 @@ def test_strict_grades_only_the_final_box_and_keeps_the_fallback_as_a_diagnostic
 
 
 def test_strict_box_is_found_anywhere_and_an_overlong_box_is_not_graded_from_its_tail():
-    from stapo.grading import MAX_BOX_CHARS, final_box
-
     late = "\\boxed{42}" + " and then some more words" * 400  # the box lies before the fallback's 4 KB tail
     assert len(late) > MAX_COMPLETION_CHARS + 1000
     g = grade([late], ["42"], strict=True)[0]
@@ -257,15 +246,6 @@ def test_strict_box_is_found_anywhere_and_an_overlong_box_is_not_graded_from_its
     assert (g.correct, g.status) == (False, "unparsable")
     g = grade(["\\boxed{" + "x" * (MAX_BOX_CHARS + 50) + "} = 42"], ["42"], strict=True)[0]
     assert not g.correct and g.status == "unparsable"
-
-
-def test_notation_normalisation():
-    from stapo.grading import normalize_notation
-
-    assert normalize_notation("4.5e33") == "4.5\\times10^{33}"
-    assert normalize_notation("2.3E-4") == "2.3\\times10^{-4}"
-    assert normalize_notation("12\\%") == "12" and normalize_notation("12 \\%") == "12"
-    assert normalize_notation("e^{2x}") == "e^{2x}" and normalize_notation("x2e3") == "x2e3"  # not numbers
 
 
 def test_identical_pairs_are_graded_once_and_fanned_out_in_order():

@@ -1,4 +1,5 @@
-"""stapo.report on synthetic score summaries and metrics: table layout, Δ vs the paper, CSV CIs, figures."""
+"""stapo.report and stapo.figures on synthetic score summaries and metrics: table layout, Δ vs the paper, CSV CIs,
+what each figure plots."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 from stapo import report
 from stapo.atomic import atomic_write_json
+from stapo.figures import FIGURE_KINDS, figure_series, step_of, step_series
+from stapo.names import PAPER_BENCHMARKS
 
 SETTINGS = ("t1.0_p1.0", "t0.7_p0.9")
 PAPER_MODEL = "qwen3-1.7b-base"
@@ -50,7 +53,7 @@ def _rows(table: str) -> dict[str, list[str]]:
 
 
 def test_paper_model_table_has_paper_numbers_and_delta(tmp_path):
-    scores, runs = _write_study(tmp_path, PAPER_MODEL, report.PAPER_BENCHMARKS)
+    scores, runs = _write_study(tmp_path, PAPER_MODEL, PAPER_BENCHMARKS)
     study = {"study": "synthetic", "models": {PAPER_MODEL: {}}, "methods": {m: {} for m in METHODS}}
     report.write_report(scores, runs, tmp_path / "results", study)
     table = (tmp_path / "results" / "table.md").read_text()
@@ -72,7 +75,7 @@ def test_paper_model_table_has_paper_numbers_and_delta(tmp_path):
 
 
 def test_csv_has_every_cell_with_ci_and_averages(tmp_path):
-    scores, runs = _write_study(tmp_path, PAPER_MODEL, report.PAPER_BENCHMARKS)
+    scores, runs = _write_study(tmp_path, PAPER_MODEL, PAPER_BENCHMARKS)
     report.write_report(scores, runs, tmp_path / "results")
     with open(tmp_path / "results" / "scores.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -106,11 +109,99 @@ def test_miniature_table_only_present_benchmarks_and_footnote(tmp_path):
 def test_figures_exist_as_png_and_pdf(tmp_path):
     scores, runs = _write_study(tmp_path, "m", ("arith",), ckpts=("final", "checkpoint-2"))
     report.write_report(scores, runs, tmp_path / "results")
-    for kind in report.FIGURE_KINDS:
+    for kind in FIGURE_KINDS:
         png = tmp_path / "results" / "figures" / f"m_{kind}.png"
         pdf = png.with_suffix(".pdf")
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
         assert pdf.read_bytes()[:5] == b"%PDF-"
+
+
+def _inputs(tmp_path, benchmarks=("arith",), ckpts=("final",)):
+    scores, runs = _write_study(tmp_path, "m", benchmarks, ckpts=ckpts)
+    return report.load_scores(scores), report.load_metrics(runs), ["base", *METHODS]
+
+
+def test_metric_figures_plot_each_methods_logged_values_per_step(tmp_path):
+    scores, metrics, methods = _inputs(tmp_path)
+    entropy = figure_series("entropy", "m", scores, metrics, methods)
+    assert [s.method for s in entropy.series] == list(METHODS)  # the base model has no training curve
+    for i, method in enumerate(METHODS, 1):  # _write_study: entropy_mean = 0.5 + 0.01 · step · (method index)
+        logged = [r["entropy_mean"] for r in metrics[("m", method)]]
+        assert entropy.of(method).steps == (1, 2, 3, 4, 5)
+        assert entropy.of(method).values == pytest.approx([0.5 + 0.01 * s * i for s in range(1, 6)]) == logged
+    reward = figure_series("reward", "m", scores, metrics, methods)
+    assert reward.of("grpo").values == pytest.approx([-0.9, -0.8, -0.7, -0.6, 0.123])  # resumed step 5: last line
+    silenced = figure_series("silenced", "m", scores, metrics, methods)  # log scale: positive fractions only
+    assert [s.method for s in silenced.series] == ["stapo"]
+    assert silenced.of("stapo").values == pytest.approx([1e-5 * s for s in range(1, 6)])
+
+
+def test_long_metric_curves_are_smoothed_over_a_fiftieth_of_the_run():
+    rows = [{"step": s, "entropy_mean": float(s % 2)} for s in range(1, 101)]  # 0/1 alternating: window 2 -> 0.5
+    values = figure_series("entropy", "m", [], {("m", "stapo"): rows}, ["stapo"]).of("stapo").values
+    assert values[0] == 1.0 and set(values[1:]) == {0.5}
+
+
+def test_accuracy_figure_plots_checkpoints_at_their_rollout_step_from_the_base_score(tmp_path):
+    scores, metrics, methods = _inputs(tmp_path, ("arith", "math500"), ckpts=("final", "checkpoint-2"))
+    panel = figure_series("accuracy", "m", scores, metrics, methods)
+    assert panel.ylabel == "Arith accuracy (%)"  # no AIME24: the best-covered benchmark (arith sorts first)
+    assert {(s.method, s.variant) for s in panel.series} == {(m, t) for m in METHODS for t in SETTINGS}
+    for i, method in enumerate(METHODS, 1):  # accuracy = 10 + method index + 0.5 · setting index on arith
+        for k, setting in enumerate(SETTINGS):
+            s = panel.of(method, setting)
+            assert s.steps == (0, 2, 5) and s.values == (10 + 0.5 * k, 10 + i + 0.5 * k, 10 + i + 0.5 * k)
+    scores, metrics, methods = _inputs(tmp_path / "aime", ("arith", "aime24"))
+    assert figure_series("accuracy", "m", scores, metrics, methods).ylabel == "AIME24 accuracy (%)"
+    empty = figure_series("accuracy", "other", scores, metrics, methods)
+    assert empty.series == () and empty.ylabel is None
+
+
+def _diagnostics(methods=("stapo",)) -> dict:
+    """Two logged steps; at step s quadrant i has s·(10 − i) tokens of mean ‖∇J‖ s/(i + 1), high-p high-H none."""
+    rows = []
+    for step in (1, 2):
+        row = {"step": step, **{f"entropy_q{q}": q / 100 + step for q in (10, 25, 50, 75, 90)}}
+        for i, q in enumerate(("lowp_lowh", "lowp_highh", "highp_lowh", "highp_highh")):
+            row[f"quadrant/{q}_count"] = step * (10.0 - i)
+            row[f"quadrant/{q}_grad_norm"] = step / (i + 1) if i < 3 else None
+        rows.append(row)
+    return {("m", method): rows for method in methods}
+
+
+def test_quadrant_figure_weights_each_steps_mean_by_its_token_count():
+    panel = figure_series("quadrants", "m", [], {}, ["grpo", "stapo"], _diagnostics())
+    assert [s.method for s in panel.series] == ["stapo"]  # grpo logged no diagnostics
+    bars = panel.of("stapo")
+    assert bars.steps == ("lowp_lowh", "lowp_highh", "highp_lowh", "highp_highh")
+    # (1·(10−i)·1/(i+1) + 2·(10−i)·2/(i+1)) / (3·(10−i)) = 5 / (3 (i+1)); the empty quadrant: 0 tokens, bar 0
+    assert bars.values == pytest.approx([5 / 3, 5 / 6, 5 / 9, 0.0]) and bars.counts == (30, 27, 24, 0)
+    assert figure_series("quadrants", "m", [], {}, ["grpo", "stapo"]).series == ()  # no diagnostics at all
+
+
+def test_entropy_quantile_figure_has_five_curves_per_method():
+    panel = figure_series("entropy_quantiles", "m", [], {}, ["grpo", "stapo", "justrl"],
+                          _diagnostics(("stapo", "grpo")))
+    assert [(s.method, s.variant) for s in panel.series] == [
+        (m, f"entropy_q{q}") for m in ("grpo", "stapo") for q in (10, 25, 50, 75, 90)]
+    median = panel.of("stapo", "entropy_q50")
+    assert median.steps == (1, 2) and median.values == pytest.approx([1.5, 2.5])
+
+
+def test_unknown_figure_kind_is_an_error_naming_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown figure kind 'entropi'; expected one of entropy, reward, accuracy"):
+        figure_series("entropi", "m", [], {}, ["stapo"])
+
+
+def test_paper_numbers_are_keyed_by_our_model_and_method_keys(tmp_path):
+    paper = report.load_paper()
+    assert paper[("qwen3-1.7b-base", "stapo", "aime24", "t1.0_p1.0")] == 17.40
+    assert paper[("qwen3-1.7b-base", "entropy20", "avg", "t0.7_p0.9")] == 33.08
+    assert {k[1] for k in paper} == {"grpo", "entropy20", "justrl", "stapo"}
+    bad = tmp_path / "paper.csv"
+    bad.write_text("model,method,benchmark,setting,accuracy\nQwen3-1.7B-Base,DAPO,aime24,t1.0_p1.0,1.0\n")
+    with pytest.raises(ValueError, match="paper.csv:2: method 'DAPO'"):
+        report.load_paper(bad)
 
 
 def test_metrics_resume_keeps_last_line_per_step(tmp_path):
@@ -138,7 +229,7 @@ def test_cli_dispatches_report(tmp_path):
     assert (tmp_path / "r" / "table.md").read_text().startswith("# STAPO reproduction — study `cli`")
 
 
-def test_diagnostics_figures_and_examples_table(tmp_path):
+def test_silenced_examples_table(tmp_path):
     scores, runs = _write_study(tmp_path, "m", ["arith"])
     diag = []
     for step in (1, 2):
@@ -153,9 +244,6 @@ def test_diagnostics_figures_and_examples_table(tmp_path):
     (runs / "m" / "stapo" / "silenced_examples.jsonl").write_text(json.dumps(example) + "\n")
     out = tmp_path / "results"
     report.write_report(scores, runs, out, {"models": {"m": {}}})
-    for kind in ("quadrants", "entropy_quantiles"):
-        png = out / "figures" / f"m_{kind}.png"
-        assert png.stat().st_size > 5000 and (out / "figures" / f"m_{kind}.pdf").exists()
     md = (out / "silenced_examples.md").read_text()
     assert "## m / STAPO" in md and "` seven`" in md and "1.50e-04" in md and "` 7` 0.910" in md
     assert "answer \\| is" in md  # a pipe in the context cannot break the table
@@ -171,14 +259,13 @@ def test_examples_table_says_when_nothing_was_logged(tmp_path):
 def test_figures_count_rollout_steps():
     """x = the paper's training step (rollout batch): a batch's k optimiser steps are averaged, and checkpoint-N
     (named by optimiser step) sits at its rollout step."""
-    from stapo.report import STEP_LABEL, _series, _step_of
-
     rows = [{"step": s, "rollout_step": (s + 3) // 4, "entropy_mean": float(s)} for s in range(1, 9)]
-    assert _series(rows, "entropy_mean") == ([1, 2], [2.5, 6.5])
-    assert _series([{"step": 3, "entropy_mean": 1.0}], "entropy_mean") == ([3], [1.0])  # older logs: step
-    assert _step_of("checkpoint-4", rows) == 1 and _step_of("checkpoint-8", rows) == 2
-    assert _step_of("final", rows) == 2 and _step_of("base", rows) == 0 and _step_of("checkpoint-4", []) is None
-    assert "rollout" in STEP_LABEL
+    assert step_series(rows, "entropy_mean") == ([1, 2], [2.5, 6.5])
+    assert step_series([{"step": 3, "entropy_mean": 1.0}], "entropy_mean") == ([3], [1.0])  # older logs: step
+    assert step_of("checkpoint-4", rows) == 1 and step_of("checkpoint-8", rows) == 2
+    assert step_of("final", rows) == 2 and step_of("base", rows) == 0 and step_of("checkpoint-4", []) is None
+    entropy = figure_series("entropy", "m", [], {("m", "stapo"): rows}, ["stapo"]).of("stapo")
+    assert (entropy.steps, entropy.values) == ((1, 2), (2.5, 6.5))
 
 
 def test_verifier_corrected_accuracy_headlines_the_table_and_the_rule_grade_follows(tmp_path):

@@ -106,10 +106,6 @@ def no_model(monkeypatch):
     monkeypatch.setattr(stapo.models, "resolve_model", refuse)
 
 
-def test_the_list_is_long_enough():
-    assert len(BAD) >= 20 and len({name for name, _, _ in BAD}) == len(BAD)
-
-
 @pytest.mark.parametrize("name, edit, culprit", BAD, ids=[b[0] for b in BAD])
 def test_stapo_train_rejects_bad_config_in_one_line(tmp_path, capsys, no_model, name, edit, culprit):
     path = bad_file(tmp_path, edit)

@@ -1,11 +1,12 @@
-"""Chunked token statistics equal the naive full-vocabulary computation, forward and backward."""
+"""Chunked token statistics (tests/helpers/tokenstats.py) equal the naive full-vocabulary computation, forward and
+backward."""
 
 import math
 
 import pytest
 import torch
 
-from stapo.tokenstats import naive_token_stats, token_stats
+from helpers.tokenstats import naive_token_stats, token_stats
 
 
 def _logits(n, v, seed=0, scale=3.0, dtype=torch.float32):

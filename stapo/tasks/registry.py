@@ -21,6 +21,9 @@ from functools import lru_cache
 from dataclasses import dataclass
 from pathlib import Path
 
+from stapo.data import build_prompt, synthetic_arith_rows
+from stapo.grading import grade
+
 __all__ = ["Benchmark", "BENCHMARKS", "SETTINGS", "TASKS_DIR", "BUNDLED_DATA_DIR", "HUB", "load_rows", "read_benchmark_file",
            "benchmark_file", "custom_dataset", "task_name"]
 
@@ -140,10 +143,6 @@ def _hub_rows(name: str, bench: Benchmark) -> list[dict]:
 
 
 def _arith_rows(n: int, seed: int, difficulty: int) -> list[dict]:
-    try:
-        from stapo.data import synthetic_arith_rows
-    except ImportError as err:
-        raise ImportError("benchmark 'arith' needs stapo.data.synthetic_arith_rows (not available)") from err
     rows = synthetic_arith_rows(n, seed, difficulty)
     return [{"id": str(r.get("id", f"arith-{i:04d}")), "problem": r["problem"], "answer": str(r["answer"])}
             for i, r in enumerate(rows)]
@@ -187,8 +186,6 @@ def custom_dataset(benchmark: str, data_dir: str | None = None, tokenizer: str |
     """
     import datasets
 
-    from stapo.data import build_prompt
-
     rows = load_rows(benchmark, data_dir, **(arith or {}))
     tok = _tokenizer(tokenizer or pretrained)
     for row in rows:
@@ -201,7 +198,5 @@ def process_results(doc: dict, results: list[str]) -> dict:
 
     ``stapo eval`` does not use it: it grades every sample itself (avg@N, pass@k, maj@N).
     """
-    from stapo.grading import grade
-
     graded = grade(list(results), [doc["answer"]] * len(results), strict=True)
     return {"acc": sum(g.correct for g in graded) / max(1, len(graded))}

@@ -1,0 +1,272 @@
+"""The report's training figures: what each one plots (pure functions), then the matplotlib code that draws it.
+
+``figure_series(kind, model, scores, metrics, methods, diagnostics)`` returns a :class:`Panel`: the series of one
+figure, in drawing order, with its axis labels; ``draw_figure`` draws exactly that and nothing it computes itself.
+Kinds (``FIGURE_KINDS``), all methods of one model in one panel:
+
+    entropy, reward     ``entropy_mean`` / ``reward_mean`` of metrics.jsonl vs training step
+    silenced            ``silenced_fraction`` vs step (log scale, the positive values only; a 1e-4 reference line)
+    accuracy            accuracy vs step on the curve benchmark (AIME24 when evaluated, else the best-covered one),
+                        one series per (method, setting); the base model's score is step 0 of every method
+    quadrants           mean closed-form ‖∇_a J‖ per probability × entropy quadrant (positive-advantage tokens),
+                        count-weighted over the logged steps of diagnostics.jsonl, one bar group per method
+    entropy_quantiles   the 10/25/50/75/90 % token-entropy quantiles of diagnostics.jsonl vs step
+
+x is the paper's training step, the rollout batch (verl's step): the optimiser steps of one rollout batch are
+averaged, as verl logs them, and ``checkpoint-N`` (named by TRL's optimiser step N) sits at its rollout step.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from stapo.atomic import atomic_write
+from stapo.names import BENCHMARKS, METHODS, MODELS, SETTINGS, label
+
+__all__ = ["FIGURE_KINDS", "Series", "Panel", "figure_series", "draw_figure", "write_figures", "STEP_LABEL"]
+
+FIGURE_KINDS = ("entropy", "reward", "accuracy", "silenced", "quadrants", "entropy_quantiles")
+STEP_LABEL = "training step (rollout batches)"
+METRIC_PANELS = {"entropy": ("entropy_mean", "mean token entropy (nats)"),
+                 "reward": ("reward_mean", "training reward (mean)"),
+                 "silenced": ("silenced_fraction", "silenced-token fraction")}
+QUADRANT_LABELS = {"lowp_lowh": "low p\nlow H\n(S2T)", "lowp_highh": "low p\nhigh H", "highp_lowh": "high p\nlow H",
+                   "highp_highh": "high p\nhigh H"}
+QUANTILE_KEYS = ("entropy_q10", "entropy_q25", "entropy_q50", "entropy_q75", "entropy_q90")
+SILENCED_REFERENCE = 1e-4  # the silenced figure's horizontal reference line
+
+
+@dataclass(frozen=True)
+class Series:
+    """One drawn series of a method.
+
+    steps:   x values: training steps (rollout batches; 0 = the base model), or the quadrant keys of the bars.
+    values:  y values, as drawn (the metric curves are smoothed by a trailing moving average on long runs).
+    variant: what distinguishes the method's series: the setting key (accuracy), the quantile key
+             (entropy_quantiles), else None.
+    counts:  quadrants: the number of tokens behind each bar.
+    """
+
+    method: str
+    steps: tuple
+    values: tuple[float, ...]
+    variant: str | None = None
+    counts: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Panel:
+    """What one figure shows: its series in drawing order and its axis labels (None: not set, an empty panel)."""
+
+    kind: str
+    series: tuple[Series, ...]
+    xlabel: str | None
+    ylabel: str | None
+
+    def of(self, method: str, variant: str | None = None) -> Series | None:
+        """The series of ``method`` (and ``variant``), or None when the figure has none."""
+        return next((s for s in self.series if (s.method, s.variant) == (method, variant)), None)
+
+
+# ------------------------------------------------------------------------------------------------ series
+
+
+def step_series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """(x, y) of ``key`` per training step in the paper's unit, the rollout step (verl step): the optimiser steps
+    of one rollout batch are averaged, as verl logs them. Rows without ``rollout_step`` count as one each."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]):
+            by_step[int(r.get("rollout_step", r["step"]))].append(float(r[key]))
+    xs = sorted(by_step)
+    return xs, [sum(by_step[x]) / len(by_step[x]) for x in xs]
+
+
+def smooth(ys: list[float], window: int) -> list[float]:
+    """Trailing moving average (the paper's curves are smoothed); identity when window <= 1."""
+    if window <= 1:
+        return ys
+    out, acc = [], 0.0
+    for i, y in enumerate(ys):
+        acc += y - (ys[i - window] if i >= window else 0.0)
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def step_of(ckpt: str, rows: list[dict]) -> int | None:
+    """Rollout step of a checkpoint: checkpoint-N is named by TRL's optimiser step N (stapo.schedule)."""
+    if ckpt == "base":
+        return 0
+    if not rows:
+        return None
+    if ckpt.startswith("checkpoint-"):
+        n = int(ckpt.split("-", 1)[1])
+        return next((int(r.get("rollout_step", n)) for r in rows if r["step"] == n), None)
+    return int(rows[-1].get("rollout_step", rows[-1]["step"]))
+
+
+def _metric_series(kind: str, metrics: dict, model: str, methods: list[str]) -> Panel:
+    """One curve per method with logged values, smoothed over len/50 steps (silenced: positive values only)."""
+    key, ylabel = METRIC_PANELS[kind]
+    series = []
+    for method in methods:
+        xs, ys = step_series(metrics.get((model, method), []), key)
+        if kind == "silenced":
+            xs, ys = [x for x, y in zip(xs, ys) if y > 0], [y for y in ys if y > 0]
+        if xs:
+            series.append(Series(method, tuple(xs), tuple(smooth(ys, max(1, len(ys) // 50)))))
+    return Panel(kind, tuple(series), STEP_LABEL, ylabel)
+
+
+def _accuracy_series(scores: list, metrics: dict, model: str, methods: list[str]) -> Panel:
+    """(step, accuracy) points per trained method and setting on the curve benchmark, base model at step 0."""
+    mine = [s for s in scores if s.model == model]
+    counts = defaultdict(int)
+    for s in mine:
+        counts[s.benchmark] += 1
+    if not counts:
+        return Panel("accuracy", (), None, None)
+    bench = "aime24" if "aime24" in counts else max(counts, key=counts.get)
+    series = []
+    for method in [m for m in methods if m != "base"]:
+        rows = metrics.get((model, method), [])
+        for setting in SETTINGS:
+            pts = sorted(p for p in ((step_of(s.ckpt, rows), s.accuracy) for s in mine
+                                     if s.benchmark == bench and s.setting == setting and s.method in (method, "base"))
+                         if p[0] is not None)
+            if pts:
+                xs, ys = zip(*pts)
+                series.append(Series(method, xs, ys, variant=setting))
+    return Panel("accuracy", tuple(series), f"{STEP_LABEL}, 0 = base model",
+                 f"{label(BENCHMARKS, bench)} accuracy (%)")
+
+
+def _quadrant_series(diagnostics: dict, model: str, methods: list[str]) -> Panel:
+    """Per method with diagnostics: the count-weighted mean ‖∇_a J‖ of each quadrant and its token count."""
+    series = []
+    for method in [m for m in methods if diagnostics.get((model, m))]:
+        means, counts = [], []
+        for q in QUADRANT_LABELS:
+            rows = [(r[f"quadrant/{q}_count"], r[f"quadrant/{q}_grad_norm"]) for r in diagnostics[(model, method)]
+                    if r.get(f"quadrant/{q}_grad_norm") is not None]
+            n = sum(c for c, _ in rows)
+            means.append(sum(c * g for c, g in rows) / n if n else 0.0)
+            counts.append(n)
+        series.append(Series(method, tuple(QUADRANT_LABELS), tuple(means), counts=tuple(counts)))
+    return Panel("quadrants", tuple(series), None, "mean closed-form ‖∇ₐJ‖ (Â > 0 tokens)")
+
+
+def _quantile_series(diagnostics: dict, model: str, methods: list[str]) -> Panel:
+    """Per method with diagnostics, one curve per entropy quantile (``QUANTILE_KEYS``) vs step."""
+    series = [Series(method, tuple(xs), tuple(ys), variant=key)
+              for method in methods if diagnostics.get((model, method))
+              for key in QUANTILE_KEYS for xs, ys in [step_series(diagnostics[(model, method)], key)]]
+    return Panel("entropy_quantiles", tuple(series), STEP_LABEL, "token entropy quantiles 10–90 % (nats)")
+
+
+def figure_series(kind: str, model: str, scores: list, metrics: dict, methods: list[str],
+                  diagnostics: dict | None = None) -> Panel:
+    """What figure ``kind`` of ``model`` plots (module docstring); ``methods`` in their drawing order.
+
+    ``scores``: the report's Score records; ``metrics`` / ``diagnostics``: ``(model, method) -> rows`` of
+    metrics.jsonl / diagnostics.jsonl (``stapo.report.load_metrics``). Raises ValueError for an unknown kind.
+    """
+    if kind in METRIC_PANELS:
+        return _metric_series(kind, metrics, model, methods)
+    if kind == "accuracy":
+        return _accuracy_series(scores, metrics, model, methods)
+    if kind == "quadrants":
+        return _quadrant_series(diagnostics or {}, model, methods)
+    if kind == "entropy_quantiles":
+        return _quantile_series(diagnostics or {}, model, methods)
+    raise ValueError(f"unknown figure kind {kind!r}; expected one of {', '.join(FIGURE_KINDS)}")
+
+
+# ------------------------------------------------------------------------------------------------ drawing
+
+
+def _draw(ax, panel: Panel, methods: list[str]) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    kind = panel.kind
+    if kind in METRIC_PANELS:  # markers on short runs, so identical curves (e.g. before divergence) stay visible
+        for s in panel.series:
+            ax.plot(s.steps, s.values, label=label(METHODS, s.method), lw=1.4,
+                    marker="o" if len(s.steps) <= 30 else None, ms=7 - 1.5 * (methods.index(s.method) % 4),
+                    alpha=0.85)
+    elif kind == "accuracy":
+        for s in panel.series:
+            style = ("-", "--")[list(SETTINGS).index(s.variant)]
+            ax.plot(s.steps, s.values, style, marker="o", ms=3,
+                    label=f"{label(METHODS, s.method)} {SETTINGS[s.variant].label}")
+    elif kind == "quadrants":
+        width = 0.8 / max(1, len(panel.series))
+        for j, s in enumerate(panel.series):
+            xs = [i + (j - (len(panel.series) - 1) / 2) * width for i in range(len(s.steps))]
+            bars = ax.bar(xs, s.values, width=width, label=label(METHODS, s.method))
+            ax.bar_label(bars, [f"n={int(n)}" for n in s.counts], fontsize=6, padding=1)
+        ax.set_xticks(range(len(QUADRANT_LABELS)), list(QUADRANT_LABELS.values()), fontsize=7)
+    else:  # entropy_quantiles: colour = method, line style = quantile
+        colours = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(s.method for s in panel.series))}
+        styles = dict(zip(QUANTILE_KEYS, (":", "--", "-", "--", ":")))
+        for s in panel.series:
+            median = s.variant == "entropy_q50"
+            ax.plot(s.steps, s.values, styles[s.variant], color=colours[s.method], lw=1.8 if median else 0.9,
+                    label=label(METHODS, s.method) if median else None)
+        if panel.series:  # the line styles, once, in grey
+            for style, text in (("-", "median"), ("--", "25 / 75 %"), (":", "10 / 90 %")):
+                ax.plot([], [], style, color="grey", lw=0.9, label=text)
+            low, high = ax.get_ylim()
+            ax.set_ylim(low, high + 0.3 * (high - low))  # room for the legend above the 90 % curve
+    if kind in METRIC_PANELS or (kind == "accuracy" and panel.xlabel is not None):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if panel.xlabel is not None:
+        ax.set_xlabel(panel.xlabel)
+    if panel.ylabel is not None:
+        ax.set_ylabel(panel.ylabel)
+    if kind == "quadrants":
+        ax.margins(y=0.25)  # room for the counts and the legend above the tallest bar
+    if kind == "silenced":
+        ax.set_yscale("log")
+        ax.axhline(SILENCED_REFERENCE, color="grey", ls=":", lw=1, label="1e-4")
+
+
+def draw_figure(kind: str, model: str, scores: list, metrics: dict, methods: list[str],
+                diagnostics: dict | None = None):
+    """One matplotlib figure of ``kind`` for ``model``: the :func:`figure_series` panel, or "no data"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panel = figure_series(kind, model, scores, metrics, methods, diagnostics)
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
+    _draw(ax, panel, methods)
+    if not panel.series and kind != "silenced":  # the silenced figure always has its reference line
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+    elif ax.get_legend_handles_labels()[0]:
+        above = kind in ("quadrants", "entropy_quantiles")  # these panels leave room for the legend at the top
+        ax.legend(fontsize=7, frameon=False, loc="upper right" if above else "best",
+                  ncol=4 if kind == "entropy_quantiles" else 1)
+    ax.set_title(f"{label(MODELS, model)}: {kind}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def write_figures(out_dir: Path, models: list[str], methods: list[str], scores: list, metrics: dict,
+                  diagnostics: dict | None = None) -> None:
+    """``out_dir/figures/<model>_<kind>.{png,pdf}`` for every model and kind, each written atomically."""
+    import matplotlib.pyplot as plt
+
+    for model in models:
+        for kind in FIGURE_KINDS:
+            fig = draw_figure(kind, model, scores, metrics, methods, diagnostics)
+            for ext in ("png", "pdf"):
+                buf = io.BytesIO()
+                fig.savefig(buf, format=ext)
+                atomic_write(Path(out_dir) / "figures" / f"{model}_{kind}.{ext}", buf.getvalue())
+            plt.close(fig)
