@@ -7,9 +7,9 @@ configured method, fed with TRL's per-token log-probs and entropies from its one
 TRL's private names the trainer overrides, calls or reads are listed, reached and checked in stapo.trl_compat.
 
 The run's configuration is a :class:`stapo.study.Plan` (the study's model entry, method objective and train
-section; batch semantics and their TRL mapping in stapo/study/train.py). TRL shuffles the rollout batch at completion level before splitting it, so an optimiser step holds 512 random
-completions rather than 64 whole groups; advantages are computed over the whole rollout batch first, so the loss
-is unaffected.
+section; batch semantics and their TRL mapping in stapo/study/train.py). TRL shuffles the rollout batch at
+completion level before splitting it, so an optimiser step holds 512 random completions rather than 64 whole
+groups; advantages are computed over the whole rollout batch first, so the loss is unaffected.
 
 Gradient accumulation, token-mean methods (justrl, entropy20, stapo) — exact. The step's loss is
 Σ_j S_j / K, S_j the kept per-token surrogate sum of micro-batch j and K the kept-token count of the whole
