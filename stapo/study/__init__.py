@@ -284,11 +284,10 @@ def parse(config: dict, *, source: str = "config", required: tuple[str, ...] | N
         raise StudyError(f"{source}: workflow.models: {unknown[0]!r} is not a key of models "
                          f"({', '.join(study.models)})")
     if check_runs and "train" in config:
-        for model in study.run_models:
+        for model in study.run_models:  # a run's settings depend on its model only (methods are checked above)
             _checked(source, lambda: _check_spec(model, study.models[model].spec))
-            for method in study.methods:
-                plan = study.plan(model, method)
-                _checked(source, lambda: accumulation(plan.settings, max(1, study.models[model].gpus)))
+            settings = study.train_settings(model)
+            _checked(source, lambda: accumulation(settings, max(1, study.models[model].gpus)))
             _checked(source, lambda: curve_checkpoints(study, model))
     return study
 
