@@ -27,7 +27,6 @@ from pathlib import Path
 
 import yaml
 
-from stapo import names
 from stapo.errors import UserError
 from stapo.models import check_spec
 from stapo.schedule import optimizer_steps_per_rollout
@@ -316,8 +315,3 @@ def curve_checkpoints(study: Study, model: str) -> list[str]:
                          f"({train.save_steps}): only saved checkpoints can be evaluated")
     k = optimizer_steps_per_rollout(train)
     return [f"checkpoint-{n * k}" for n in range(every, train.max_steps, every)]
-
-
-def label(kind: str, key: str) -> str:
-    """Display label of a model / method / benchmark / setting key (stapo.names)."""
-    return names.label(getattr(names, kind.upper()), key)
