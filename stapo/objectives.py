@@ -344,34 +344,6 @@ def k3_kl(cfg: ObjectiveConfig, logps: Tensor, ref_logps: Tensor) -> Tensor:
     return torch.clamp(torch.exp(delta) - delta - 1.0, -cfg.kl_clip, cfg.kl_clip)
 
 
-def kept_mask(
-    cfg: ObjectiveConfig, *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor,
-    generator: torch.Generator | None = None, thresholds: Thresholds | None = None,
-) -> tuple[Tensor, Tensor]:
-    """(kept, silenced), Bool [B, T]: the tokens that enter ``cfg.method``'s loss, and those S2T silenced.
-
-    thresholds: the optimiser step's (mini-batch scope); None computes them over the call (micro-batch scope).
-    """
-    m = completion_mask.bool()
-    none = torch.zeros_like(m)
-    kind = cfg.token_mask
-    if kind == "all":
-        return m, none
-    if kind == "high_entropy":
-        cut = None if thresholds is None else thresholds.entropy_cut
-        return high_entropy_mask(entropies=entropies, completion_mask=m, ratio=cfg.top_entropy_ratio, cut=cut), none
-    common = dict(logps=logps, entropies=entropies, advantages=advantages, completion_mask=m, tau_p=cfg.tau_p,
-                  q=cfg.entropy_quantile)
-    if kind == "s2t":
-        silenced = silence_mask(**common, tau_h=None if thresholds is None else thresholds.tau_h)
-    else:  # s2t_high, s2t_random, s2t_full
-        if generator is None and kind == "s2t_random":
-            generator = torch.Generator().manual_seed(cfg.seed)
-        silenced = ablation_silence_mask(kind.removeprefix("s2t_"), generator=generator, thresholds=thresholds,
-                                         **common)
-    return m & ~silenced, silenced
-
-
 def policy_loss(
     cfg: ObjectiveConfig,
     *,

@@ -305,3 +305,44 @@ def test_without_verifier_the_table_says_rule_only_and_has_no_extra_rows(tmp_pat
     report.write_report(scores, runs, tmp_path / "results", study_of("tiny"))
     table = (tmp_path / "results" / "table.md").read_text()
     assert not any("(rule only)" in label for label in _rows(table)) and "no LLM-verifier correction" in table
+
+
+def test_report_follows_the_study_settings_benchmarks_labels_and_curve(tmp_path):
+    """Three settings, a study's own benchmark and labels, its curve benchmark: nothing is hard-wired to the paper."""
+    settings = ("t1.0_p1.0", "t0.7_p0.9", "t0.6_p0.95")
+    scores, runs = tmp_path / "scores", tmp_path / "runs"
+    for method, ckpts in (("base", ("base",)), ("stapo_b", ("final", "checkpoint-2"))):
+        for j, bench in enumerate(("arith", "gsm_tiny")):
+            for ckpt in ckpts:
+                for k, setting in enumerate(settings):
+                    acc = 10 + 5 * j + k + (20 if method != "base" else 0) + (1 if ckpt == "final" else 0)
+                    _summary(scores / "m" / method / ckpt / bench / f"{setting}.summary.json", acc)
+    (runs / "m" / "stapo_b").mkdir(parents=True)
+    (runs / "m" / "stapo_b" / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "entropy_mean": 0.5}) + "\n" for s in range(1, 5)))
+    data = tmp_path / "gsm_tiny.jsonl"
+    data.write_text('{"id": "g", "problem": "p", "answer": "1"}\n')
+    study = stapo_study.parse({
+        "study": "own", "models": {"m": {"spec": "x"}},
+        "methods": {"stapo_b": {"objective": "stapo", "tau_p": 0.01, "label": "STAPO τp 0.01"}},
+        "eval": {"benchmarks": {"gsm_tiny": {"file": str(data), "label": "GSM tiny"}, "arith": {}},
+                 "settings": {"t1.0_p1.0": {"temperature": 1.0, "top_p": 1.0},
+                              "t0.7_p0.9": {"temperature": 0.7, "top_p": 0.9},
+                              "t0.6_p0.95": {"temperature": 0.6, "top_p": 0.95}}},
+        "workflow": {"curve_benchmark": "gsm_tiny", "curve_settings": ["t0.6_p0.95"]}},
+        required=(), check_runs=False)
+    report.write_report(scores, runs, tmp_path / "results", study)
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert "| Method | Arith | GSM tiny | Avg |" in table
+    rows = _rows(table)
+    assert list(rows) == ["Base", "STAPO τp 0.01"]
+    assert rows["STAPO τp 0.01"] == ["31.00 (32.00, 33.00)", "36.00 (37.00, 38.00)", "33.50 (34.50, 35.50)"]
+    assert "at T 1 / top-p 1 (T 0.7 / top-p 0.9, T 0.6 / top-p 0.95)" in table
+    csv_rows = list(csv.DictReader((tmp_path / "results" / "scores.csv").open()))
+    assert {r["setting"] for r in csv_rows if r["benchmark"] == "avg"} == set(settings)
+    panel = figure_series("accuracy", "m", report.load_scores(scores), report.load_metrics(runs), ["stapo_b"],
+                          study=study)
+    assert panel.ylabel == "GSM tiny accuracy (%)"  # the study's curve benchmark, though arith sorts first
+    assert [s.variant for s in panel.series] == list(settings)  # the study's order of settings
+    assert panel.of("stapo_b", "t0.6_p0.95").values == (17.0, 37.0, 38.0)  # base, checkpoint-2, final
+    assert study.label("settings", "t0.6_p0.95") == "T0.6/p0.95"
