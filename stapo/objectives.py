@@ -129,24 +129,23 @@ TOKEN_MASKS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {}
 THRESHOLDS: dict[str, Callable[..., Thresholds]] = {}
 
 
-def register_token_mask(name: str):
-    """Register a token-mask function under ``name`` (the ``token_mask`` of a method's declaration)."""
+def _registrar(table: dict, what: str, name: str):
     def register(fn):
-        if name in TOKEN_MASKS:
-            raise ValueError(f"token mask {name!r} is registered twice")
-        TOKEN_MASKS[name] = fn
+        if name in table:
+            raise ValueError(f"{what} {name!r} is registered twice")
+        table[name] = fn
         return fn
     return register
+
+
+def register_token_mask(name: str):
+    """Register a token-mask function under ``name`` (the ``token_mask`` of a method's declaration)."""
+    return _registrar(TOKEN_MASKS, "token mask", name)
 
 
 def register_thresholds(name: str):
     """Register a step-threshold function under ``name`` (the ``thresholds`` of a method's declaration)."""
-    def register(fn):
-        if name in THRESHOLDS:
-            raise ValueError(f"thresholds {name!r} are registered twice")
-        THRESHOLDS[name] = fn
-        return fn
-    return register
+    return _registrar(THRESHOLDS, "thresholds", name)
 
 
 @register_thresholds("top_entropy")
