@@ -44,7 +44,7 @@ from stapo.figures import SILENCED_REFERENCE, STEP_LABEL, Panel, Series, curve_b
 from stapo.names import BENCHMARKS
 from stapo.study.objective import OBJECTIVES
 
-__all__ = ["COMPARISON_KINDS", "STUDY_KINDS", "CAPTIONS", "ENTROPY_STABILITY", "MASKS", "comparison_series",
+__all__ = ["COMPARISON_KINDS", "STUDY_KINDS", "GROUPS", "CAPTIONS", "ENTROPY_STABILITY", "MASKS", "comparison_series",
            "entropy_instability", "masking_methods", "sweep_methods", "mean_ci", "write_comparison_figures"]
 
 COMPARISON_KINDS = ("pareto", "sweep_tau_p", "sweep_q", "masking_accuracy", "masking_entropy", "fullmask")
@@ -59,6 +59,12 @@ WARMUP_FRACTION = 0.1
 ENTROPY_STABILITY = ("entropy instability: the (population) standard deviation of the per-step mean token entropy "
                      "over the training steps after the first 10 % logged (nats; lower = more stable). The paper "
                      "does not define its \"entropy stability\" axis recoverably; this is our definition.")
+# the figure index's groups (results/figures.md): (title, kinds)
+GROUPS = (("1. Accuracy vs entropy stability (Pareto)", ("pareto",)),
+          ("2. Sensitivity sweeps: τ_p and q", ("sweep_tau_p", "sweep_q")),
+          ("3. Masking-strategy ablation", ("masking_accuracy", "masking_entropy")),
+          ("4. JustRL-FullMask: entropy and accuracy", ("fullmask",)),
+          ("5. Spurious-token ratio across model sizes, and examples", ("spurious_ratio",)))
 # kind -> (the paper's figure it reproduces, its caption in results/figures.md)
 CAPTIONS = {
     "pareto": ("v4 Fig. 1b (Pareto frontier)", "Final accuracy on the curve benchmark (first setting, 95 % CI) vs "
@@ -272,7 +278,7 @@ def _fullmask(model, scores, metrics, methods, study) -> Panel:
     if not series:
         return Panel("fullmask", (), None, None, missing=f"no s2t_full method ({', '.join(full)}) has both an "
                      f"entropy curve and two accuracy points (base and a checkpoint) on {bench or 'a benchmark'}")
-    return Panel("fullmask", tuple(series), STEP_LABEL, "mean token entropy (nats)",
+    return Panel("fullmask", tuple(series), f"{STEP_LABEL}, 0 = base model", "mean token entropy (nats)",
                  ylabel2=f"{study.label('benchmarks', bench)} accuracy (%)")
 
 
@@ -325,7 +331,7 @@ def _draw_pareto(fig, panel: Panel, study) -> None:
     frontier = sorted((s.steps[0], s.values[0]) for s in panel.series if s.variant == "frontier")
     ax.plot([x for x, _ in frontier], [y for _, y in frontier], "--", color="grey", lw=1, label="Pareto frontier")
     for i, s in enumerate(panel.series):
-        ax.errorbar(s.steps, s.values, yerr=_yerr(s), fmt="o", ms=6, capsize=3, color=f"C{i % 10}",
+        ax.errorbar(s.steps, s.values, yerr=_yerr(s), fmt="os^Dv"[i // 10 % 5], ms=6, capsize=3, color=f"C{i % 10}",
                     label=study.label("methods", s.method))
     ax.set_xlabel(panel.xlabel + "\nlower = more stable", fontsize=8)
     ax.set_ylabel(panel.ylabel, fontsize=8)

@@ -363,25 +363,27 @@ def render_examples(examples: dict, models: list[str], methods: list[str], study
 
 def render_figure_index(figures: list[tuple[str, str, str | None, str | None]], examples: str,
                         study: stapo_study.Study) -> str:
-    """results/figures.md: each written figure (``[(file stem, kind, model or None, why skipped or None)]``) with
-    the paper figure it reproduces and its caption, the examples table, then the skipped figures and why."""
+    """results/figures.md: per figure group (``comparison_figures.GROUPS``) and kind, the paper figure it
+    reproduces, its caption and each model's files, or why it was not drawn; the examples table in group 5.
+    ``figures``: ``[(file stem, kind, model or None, why skipped or None)]``."""
     captions = {**CAPTIONS, **comparison_figures.CAPTIONS}
     lines = [f"# Figures — study `{study.name}`", "",
-             "Written by `stapo report` (what each plots: stapo/figures.py, stapo/comparison_figures.py). Tables: "
-             "[table.md](table.md).", "", "| figure | reproduces | shows |", "|---|---|---|"]
-    for stem, kind, model, missing in figures:
-        if missing is None:
-            where = f"{study.label('models', model)}: " if model else ""
-            lines.append(f"| {where}[{kind}](figures/{stem}.png) ([pdf](figures/{stem}.pdf)) | {captions[kind][0]} "
-                         f"| {captions[kind][1]} |")
-    logged = "" if "No examples logged" not in examples else " (none logged: set train.diagnostics_every > 0)"
-    lines += ["| [silenced-token examples](silenced_examples.md) | examples of spurious tokens | Silenced tokens "
-              f"with context, probability p, entropy H, advantage Â and the top-5 alternatives{logged}. |", ""]
-    skipped = [(stem, missing) for stem, _, _, missing in figures if missing]
-    if skipped:
-        lines += ["## Not drawn", "", "Figures whose inputs the study or its runs do not have:", ""]
-        lines += [f"- `{stem}`: {missing}" for stem, missing in skipped]
-        lines.append("")
+             "Written by `stapo report` (what each plots: stapo/figures.py, stapo/comparison_figures.py); tables: "
+             "[table.md](table.md). A figure whose inputs the study or its runs lack is not drawn; its line says "
+             "why.", ""]
+    for title, kinds in (("Training curves and token diagnostics", FIGURE_KINDS), *comparison_figures.GROUPS):
+        lines += [f"## {title}", ""]
+        for kind in kinds:
+            lines += [f"### `{kind}` — reproduces: {captions[kind][0]}", "", captions[kind][1], ""]
+            for stem, _, model, missing in (f for f in figures if f[1] == kind):
+                where = study.label("models", model) if model else "all models"
+                lines.append(f"- {where}: " + (f"not drawn: {missing}" if missing else
+                                               f"[png](figures/{stem}.png) · [pdf](figures/{stem}.pdf)"))
+            lines.append("")
+    logged = "" if "No examples logged" not in examples else " None logged: set train.diagnostics_every > 0."
+    lines += ["### Silenced-token examples — reproduces: the paper's examples of spurious tokens", "",
+              "[silenced_examples.md](silenced_examples.md): silenced tokens with their context, probability p, "
+              f"entropy H, advantage Â and the top-5 alternatives, per model and method.{logged}", ""]
     return "\n".join(lines)
 
 
