@@ -39,8 +39,8 @@ from pathlib import Path
 
 from stapo import study as stapo_study
 from stapo.atomic import atomic_write
-from stapo.figures import SILENCED_REFERENCE, STEP_LABEL, Panel, Series, curve_benchmark, settings_order, smooth, \
-    step_of, step_series
+from stapo.figures import (SILENCED_REFERENCE, STEP_LABEL, Panel, Series, curve_benchmark, settings_order, smooth,
+                           step_of, step_series)
 from stapo.names import BENCHMARKS
 from stapo.study.objective import OBJECTIVES
 
@@ -184,7 +184,7 @@ def _pareto(model, scores, metrics, methods, study) -> Panel:
     points = []
     for m in methods:
         score, x = finals.get((m, bench)), entropy_instability(metrics.get((model, m), []))
-        if m != "base" and score is not None and x is not None:
+        if score is not None and x is not None:  # the base model has no training curve, so no x
             points.append((m, x, score.accuracy, score))
     if len(points) < 2:
         return Panel("pareto", (), None, None, missing=f"needs two trained methods with a final score on "
@@ -376,7 +376,8 @@ def _draw_lines(fig, panel: Panel, study) -> None:
             label = f"{study.label('models', s.variant)} ({study.label('methods', s.method)})"
             colour = None
         else:
-            label, colour = f"{study.label('methods', s.method)}: {MASKS[s.variant]}", f"C{list(MASKS).index(s.variant)}"
+            label = f"{study.label('methods', s.method)}: {MASKS[s.variant]}"
+            colour = f"C{list(MASKS).index(s.variant)}"
         ax.plot(s.steps, s.values, color=colour, lw=1.4, marker="o" if len(s.steps) <= 30 else None, ms=4, label=label)
     if panel.kind == "spurious_ratio":
         ax.set_yscale("log")

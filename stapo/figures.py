@@ -16,7 +16,8 @@ Kinds (``FIGURE_KINDS``), all methods of one model in one panel:
 x is the paper's training step, the rollout batch (verl's step): the optimiser steps of one rollout batch are
 averaged, as verl logs them, and ``checkpoint-N`` (named by TRL's optimiser step N) sits at its rollout step.
 Labels, the curve benchmark and the order of the settings come from the study (stapo.study.Study; the paper's
-defaults without one).
+defaults without one). The figures that compare methods by their objectives (Pareto, τ_p / q sweeps, masking
+ablation, FullMask, spurious ratio across models) are stapo.comparison_figures, on the same Series and Panel.
 """
 
 from __future__ import annotations
