@@ -292,7 +292,8 @@ def _spurious(models, scores, metrics, methods, study) -> Panel:
         ref = masking_methods(study, logged).get("s2t", s2t[0])
         xs, ys = step_series(metrics[(model, ref)], "silenced_fraction")
         xs, ys = [x for x, y in zip(xs, ys) if y > 0], [y for y in ys if y > 0]
-        series.append(Series(ref, tuple(xs), tuple(smooth(ys, max(1, len(ys) // 50))), model))
+        if xs:
+            series.append(Series(ref, tuple(xs), tuple(smooth(ys, max(1, len(ys) // 50))), model))
     if not series:
         return Panel("spurious_ratio", (), None, None, missing="no model has a positive silenced fraction logged by "
                      "a method with the s2t token mask")
