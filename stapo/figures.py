@@ -16,7 +16,8 @@ Kinds (``FIGURE_KINDS``), all methods of one model in one panel:
 x is the paper's training step, the rollout batch (verl's step): the optimiser steps of one rollout batch are
 averaged, as verl logs them, and ``checkpoint-N`` (named by TRL's optimiser step N) sits at its rollout step.
 Labels, the curve benchmark and the order of the settings come from the study (stapo.study.Study; the paper's
-defaults without one).
+defaults without one). The figures that compare methods by their objectives (Pareto, τ_p / q sweeps, masking
+ablation, FullMask, spurious ratio across models) are stapo.comparison_figures, on the same Series and Panel.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from pathlib import Path
 from stapo import study as stapo_study
 from stapo.atomic import atomic_write
 
-__all__ = ["FIGURE_KINDS", "Series", "Panel", "figure_series", "draw_figure", "write_figures", "STEP_LABEL",
-           "settings_order"]
+__all__ = ["FIGURE_KINDS", "CAPTIONS", "Series", "Panel", "figure_series", "draw_figure", "write_figures",
+           "STEP_LABEL", "settings_order", "curve_benchmark"]
 
 FIGURE_KINDS = ("entropy", "reward", "accuracy", "silenced", "quadrants", "entropy_quantiles")
 STEP_LABEL = "training step (rollout batches)"
@@ -42,6 +43,19 @@ QUADRANT_LABELS = {"lowp_lowh": "low p\nlow H\n(S2T)", "lowp_highh": "low p\nhig
                    "highp_highh": "high p\nhigh H"}
 QUANTILE_KEYS = ("entropy_q10", "entropy_q25", "entropy_q50", "entropy_q75", "entropy_q90")
 SILENCED_REFERENCE = 1e-4  # the silenced figure's horizontal reference line
+# kind -> (the paper's figure it reproduces, its caption in results/figures.md)
+CAPTIONS = {
+    "entropy": ("Fig. 1a, training curves", "Mean token entropy vs training step, every method."),
+    "reward": ("training curves", "Training reward (mean) vs training step, every method."),
+    "accuracy": ("AIME24 vs step", "Accuracy vs training step on the curve benchmark, per method and sampling "
+                 "setting; step 0 is the base model."),
+    "silenced": ("spurious-token ratio", "Silenced-token fraction vs step (log scale, positive values only; "
+                 "the 1e-4 line is the paper's typical level)."),
+    "quadrants": ("gradient norm per quadrant", "Mean closed-form ‖∇ₐJ‖ of positive-advantage tokens per "
+                  "probability × entropy quadrant (needs train.diagnostics_every > 0)."),
+    "entropy_quantiles": ("token-entropy quantiles", "Token-entropy quantiles 10/25/50/75/90 % vs step (needs "
+                          "train.diagnostics_every > 0)."),
+}
 
 
 @dataclass(frozen=True)
@@ -51,8 +65,10 @@ class Series:
     steps:   x values: training steps (rollout batches; 0 = the base model), or the quadrant keys of the bars.
     values:  y values, as drawn (the metric curves are smoothed by a trailing moving average on long runs).
     variant: what distinguishes the method's series: the setting key (accuracy), the quantile key
-             (entropy_quantiles), else None.
+             (entropy_quantiles), else None (stapo.comparison_figures: see each kind).
     counts:  quadrants: the number of tokens behind each bar.
+    lo, hi:  a band or error bar per value (an accuracy's 95 % CI); () when the figure has none.
+    points:  the method behind each value where one series spans several methods (a parameter sweep), else ().
     """
 
     method: str
@@ -60,16 +76,25 @@ class Series:
     values: tuple[float, ...]
     variant: str | None = None
     counts: tuple[float, ...] = ()
+    lo: tuple[float, ...] = ()
+    hi: tuple[float, ...] = ()
+    points: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Panel:
-    """What one figure shows: its series in drawing order and its axis labels (None: not set, an empty panel)."""
+    """What one figure shows: its series in drawing order and its axis labels (None: not set, an empty panel).
+
+    ylabel2: the right-hand axis of a twin-axis figure (stapo.comparison_figures' fullmask), else None.
+    missing: why the figure cannot be drawn (its inputs are missing): the report skips it and says so; None: drawn.
+    """
 
     kind: str
     series: tuple[Series, ...]
     xlabel: str | None
     ylabel: str | None
+    ylabel2: str | None = None
+    missing: str | None = None
 
     def of(self, method: str, variant: str | None = None) -> Series | None:
         """The series of ``method`` (and ``variant``), or None when the figure has none."""
@@ -132,16 +157,24 @@ def settings_order(study, scores: list) -> list[str]:
     return [k for k in study.eval.settings if k in seen] + sorted(seen - set(study.eval.settings))
 
 
+def curve_benchmark(study, scores: list) -> str | None:
+    """The benchmark of accuracy curves and points among ``scores``: the study's ``workflow.curve_benchmark`` when
+    evaluated, else the best-covered one (the first in sorted order on a tie); None without scores."""
+    counts = defaultdict(int)
+    for s in sorted(scores, key=lambda s: s.benchmark):
+        counts[s.benchmark] += 1
+    if not counts:
+        return None
+    curve = study.workflow.curve_benchmark
+    return curve if curve in counts else max(counts, key=counts.get)
+
+
 def _accuracy_series(scores: list, metrics: dict, model: str, methods: list[str], study) -> Panel:
     """(step, accuracy) points per trained method and setting on the curve benchmark, base model at step 0."""
     mine = [s for s in scores if s.model == model]
-    counts = defaultdict(int)
-    for s in mine:
-        counts[s.benchmark] += 1
-    if not counts:
+    bench = curve_benchmark(study, mine)
+    if bench is None:
         return Panel("accuracy", (), None, None)
-    curve = study.workflow.curve_benchmark
-    bench = curve if curve in counts else max(counts, key=counts.get)
     series = []
     for method in [m for m in methods if m != "base"]:
         rows = metrics.get((model, method), [])

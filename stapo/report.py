@@ -15,7 +15,12 @@ Outputs (under ``--out``, each written atomically):
     scores.csv   every evaluated cell (all checkpoints) with its 95 % CI, plus per-row averages; per cell also the
                  rule-only, verifier-corrected and lenient-fallback accuracies, truncation and no-box rates
     figures/<model>_<kind>.{png,pdf}   for each of ``FIGURE_KINDS`` (what each plots: ``stapo.figures``)
+    figures/<model>_<kind>.{png,pdf}, figures/spurious_ratio.{png,pdf}   the comparison figures
+                 (``stapo.comparison_figures``: Pareto, τ_p / q sweeps, masking ablation, FullMask, spurious ratio)
+                 whose methods the study has; a figure whose inputs are missing is skipped, with one line saying why
     silenced_examples.md   the logged silenced tokens: context, token, p, H, Â and the top-5 alternatives
+    figures.md   the figure index: every figure with its caption and the paper figure it reproduces, and the
+                 skipped ones with why (linked from table.md)
 
 The table uses the ``final`` checkpoint of each trained method and ``base`` for the untrained model. Avg is the
 mean over the benchmarks present; its CI half-width is sqrt(Σ h_i²)/k (independent benchmarks, normal approx.).
@@ -28,13 +33,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from stapo import study as stapo_study
 from stapo.atomic import atomic_write
-from stapo.figures import FIGURE_KINDS, settings_order, write_figures  # FIGURE_KINDS: the files write_report writes
+from stapo import comparison_figures
+from stapo.figures import CAPTIONS, FIGURE_KINDS, settings_order, write_figures  # FIGURE_KINDS: always written
 from stapo.names import BENCHMARKS, METHODS, MODELS, PAPER_BENCHMARKS, SETTINGS, paper_key
 
 __all__ = ["add_arguments", "run", "load_scores", "load_metrics", "load_paper", "write_report", "FIGURE_KINDS"]
@@ -159,9 +164,7 @@ def row_average(cells: dict, method: str, benchmarks: list[str], setting: str) -
     got = [cells.get((method, b, setting)) for b in benchmarks]
     if not got or any(s is None for s in got):
         return None
-    mean = sum(s.accuracy for s in got) / len(got)
-    half = math.sqrt(sum(((s.ci_hi - s.ci_lo) / 2) ** 2 for s in got)) / len(got)
-    return mean, mean - half, mean + half
+    return comparison_figures.mean_ci(got)
 
 
 def _row_values(entry, method, field: str = "accuracy") -> dict[tuple[str, str], float | None]:
@@ -274,6 +277,7 @@ def render_markdown(layout: dict, paper: dict, study: stapo_study.Study) -> str:
         lines.append("")
     if not layout:
         lines += ["No score summaries found.", ""]
+    lines += ["Figures: [figures.md](figures.md) (each figure, its caption and the paper figure it reproduces).", ""]
     return "\n".join(lines)
 
 
@@ -357,6 +361,32 @@ def render_examples(examples: dict, models: list[str], methods: list[str], study
     return "\n".join(lines) + "\n"
 
 
+def render_figure_index(figures: list[tuple[str, str, str | None, str | None]], examples: str,
+                        study: stapo_study.Study) -> str:
+    """results/figures.md: per figure group (``comparison_figures.GROUPS``) and kind, the paper figure it
+    reproduces, its caption and each model's files, or why it was not drawn; the examples table in group 5.
+    ``figures``: ``[(file stem, kind, model or None, why skipped or None)]``."""
+    captions = {**CAPTIONS, **comparison_figures.CAPTIONS}
+    lines = [f"# Figures — study `{study.name}`", "",
+             "Written by `stapo report` (what each plots: stapo/figures.py, stapo/comparison_figures.py); tables: "
+             "[table.md](table.md). A figure whose inputs the study or its runs lack is not drawn; its line says "
+             "why.", ""]
+    for title, kinds in (("Training curves and token diagnostics", FIGURE_KINDS), *comparison_figures.GROUPS):
+        lines += [f"## {title}", ""]
+        for kind in kinds:
+            lines += [f"### `{kind}` — reproduces: {captions[kind][0]}", "", captions[kind][1], ""]
+            for stem, _, model, missing in (f for f in figures if f[1] == kind):
+                where = study.label("models", model) if model else "all models"
+                lines.append(f"- {where}: " + (f"not drawn: {missing}" if missing else
+                                               f"[png](figures/{stem}.png) · [pdf](figures/{stem}.pdf)"))
+            lines.append("")
+    logged = "" if "No examples logged" not in examples else " None logged: set train.diagnostics_every > 0."
+    lines += ["### Silenced-token examples — reproduces: the paper's examples of spurious tokens", "",
+              "[silenced_examples.md](silenced_examples.md): silenced tokens with their context, probability p, "
+              f"entropy H, advantage Â and the top-5 alternatives, per model and method.{logged}", ""]
+    return "\n".join(lines)
+
+
 def _load_examples(runs_dir) -> dict[tuple[str, str], list[dict]]:
     out = {}
     for path in sorted(Path(runs_dir).glob("*/*/silenced_examples.jsonl")):
@@ -368,8 +398,10 @@ def _load_examples(runs_dir) -> dict[tuple[str, str], list[dict]]:
 # ---------------------------------------------------------------------------------------------- entry points
 
 
-def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None = None, paper_csv=PAPER_CSV) -> dict:
-    """Write table.md, table.tex, scores.csv and the figures; return the per-model layout."""
+def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None = None, paper_csv=PAPER_CSV,
+                 log=None) -> dict:
+    """Write table.md, table.tex, scores.csv, the figures and their index; return the per-model layout.
+    ``log``: called with one line per skipped figure (``stapo report`` prints them)."""
     study = study or stapo_study.default()
     out_dir = Path(out_dir)
     scores, metrics, paper = load_scores(scores_dir), load_metrics(runs_dir), load_paper(paper_csv)
@@ -382,7 +414,14 @@ def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None 
     methods = _ordered({m for _, m in metrics} | {s.method for s in scores} | set(study.methods),
                        list(METHODS) + list(study.methods))
     write_figures(out_dir, models, methods, scores, metrics, load_metrics(runs_dir, "diagnostics.jsonl"), study)
-    atomic_write(out_dir / "silenced_examples.md", render_examples(_load_examples(runs_dir), models, methods, study))
+    examples = render_examples(_load_examples(runs_dir), models, methods, study)
+    atomic_write(out_dir / "silenced_examples.md", examples)
+    figures = [(f"{model}_{kind}", kind, model, None) for model in models for kind in FIGURE_KINDS]
+    figures += comparison_figures.write_comparison_figures(out_dir, models, methods, scores, metrics, study)
+    atomic_write(out_dir / "figures.md", render_figure_index(figures, examples, study))
+    for stem, _, _, missing in figures:
+        if missing and log:
+            log(f"report: figure {stem} skipped: {missing}")
     return layout
 
 
@@ -397,6 +436,6 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     study = stapo_study.read(args.config, required=(), check_runs=False) if args.config else None
-    layout = write_report(args.scores, args.runs, args.out, study)
+    layout = write_report(args.scores, args.runs, args.out, study, log=print)
     print(f"report: {sum(len(e['methods']) for e in layout.values())} rows for {len(layout)} model(s) -> {args.out}")
     return 0

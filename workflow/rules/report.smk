@@ -1,5 +1,9 @@
 # The paper's Table 2 layout (ours next to the paper's numbers) and figures, from every score summary and every
 # run's metrics.jsonl. `snakemake --report report.html` collects the table and figures.
+# Declared: the per-model figures every study gets (figure_files) and the figure index. The comparison figures
+# (stapo.comparison_figures: Pareto, sweeps, masking ablation, FullMask, spurious ratio) are drawn only when the
+# study has the methods they compare, so they are not declared outputs: results/figures.md lists each one, or why
+# it was not drawn.
 
 
 rule report:
@@ -12,6 +16,7 @@ rule report:
         tex="results/table.tex",
         csv="results/scores.csv",
         examples="results/silenced_examples.md",
+        index="results/figures.md",
         png=[report(f, category="Figures", caption="../report/figure.rst") for f in figure_files("png")],
         pdf=figure_files("pdf"),
     log:
