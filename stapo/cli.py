@@ -18,6 +18,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from stapo import study
+from stapo.atomic import check_creatable_dir
 from stapo.errors import UserError
 
 # subcommand -> (module, one-line help); each module exposes run(args) -> int, and add_arguments(parser) except
@@ -113,25 +114,15 @@ def _precheck_train(args: argparse.Namespace, held: ExitStack) -> None:
     except ValueError as err:
         raise study.StudyError(f"{args.recipe}: {err}") from None
     out = Path(args.out)
-    check_output_dir(out, "--out")
+    try:
+        check_creatable_dir(out)
+    except OSError as err:
+        raise UserError(f"--out: {err}") from None
     if is_rank_zero():
         from stapo.lock import run_lock
 
         out.mkdir(parents=True, exist_ok=True)
         held.enter_context(run_lock(out))
-
-
-def check_output_dir(path: Path, flag: str) -> None:
-    """``path`` is, or can be created as, a writable directory (nothing is created)."""
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{flag}: {path} exists and is not a directory")
-    parent = path
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UserError(f"{flag}: cannot create {path}: {parent} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"{flag}: cannot create or write {path}: {parent} is not writable")
 
 
 if __name__ == "__main__":

@@ -343,7 +343,7 @@ def _bad_input(tmp_path: Path, case: str) -> tuple[list[str], str]:
         return ["--data-dir", str(data), "--out", str(out)], f"{data / 'aime24.jsonl'}: benchmark file has no rows"
     if case == "unwritable out":
         (tmp_path / "a_file").write_text("x")  # a directory cannot be made under a file (root ignores permissions)
-        return ["--out", str(tmp_path / "a_file" / "x.jsonl")], f"--out: cannot write in {tmp_path / 'a_file'}"
+        return ["--out", str(tmp_path / "a_file" / "x.jsonl")], f"--out: {tmp_path / 'a_file'} exists and is not a directory"
     if case == "corrupt cache":
         out.parent.mkdir(parents=True)
         generation.cache_path(out).write_bytes(b"not a database" * 100)

@@ -98,6 +98,9 @@ def _validate(s: TrainSettings, where: str) -> None:
         value = getattr(s, key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{where}.{key}: must be a positive integer, got {value!r}")
+    if s.num_generations < 2:
+        raise ValueError(f"{where}.num_generations: must be >= 2 (advantages are normalised within each prompt's "
+                         f"group of rollouts), got {s.num_generations}")
     if s.prompts_per_generation % s.prompts_per_step:
         raise ValueError(f"{where}.prompts_per_generation ({s.prompts_per_generation}) must be a multiple of "
                          f"{where}.prompts_per_step ({s.prompts_per_step})")
