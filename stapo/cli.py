@@ -19,7 +19,7 @@ from pathlib import Path
 
 from stapo import study
 from stapo.atomic import check_creatable_dir
-from stapo.errors import UserError
+from stapo.errors import ArgumentParser, UserError
 
 # subcommand -> (module, one-line help); each module exposes run(args) -> int, and add_arguments(parser) except
 # the trainer, whose module is heavy: its arguments are defined here (train_arguments)
@@ -29,13 +29,6 @@ SUBCOMMANDS = {
     "report": ("stapo.report", "write results/table.md, scores.csv, table.tex and the figures"),
     "plan": ("stapo.plan", "job counts and estimated GPU-hours of a study before running it"),
 }
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors are one line (no usage block): ``stapo train: error: ... (stapo train --help)``."""
-
-    def error(self, message: str):
-        raise UserError(f"{message} (see {self.prog} --help)")
 
 
 def main(argv: list[str] | None = None) -> int:

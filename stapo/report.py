@@ -378,12 +378,17 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    study = {}
-    if args.config:
-        with open(args.config, encoding="utf-8") as f:
-            study = yaml.safe_load(f) or {}
-        if not isinstance(study, dict):
-            raise ValueError(f"{args.config}: expected a YAML mapping")
+    from stapo.atomic import check_creatable_dir
+    from stapo.errors import UserError
+    from stapo.study import load  # one-line errors naming the file (and line, for YAML syntax)
+
+    study = load(args.config) if args.config else {}
+    if not Path(args.scores).is_dir():
+        raise UserError(f"--scores: directory {args.scores} not found (stapo eval writes it)")
+    try:
+        check_creatable_dir(args.out)
+    except OSError as err:
+        raise UserError(f"--out: {err}") from None
     layout = write_report(args.scores, args.runs, args.out, study)
     print(f"report: {sum(len(e['methods']) for e in layout.values())} rows for {len(layout)} model(s) -> {args.out}")
     return 0

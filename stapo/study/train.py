@@ -93,7 +93,14 @@ _POSITIVE = ("max_steps", "save_steps", "prompts_per_generation", "num_generatio
              "per_device_train_batch_size", "num_iterations", "max_prompt_length", "max_completion_length")
 
 
+_NUMBERS = ("learning_rate", "weight_decay", "max_grad_norm", "temperature", "top_p")
+
+
 def _validate(s: TrainSettings, where: str) -> None:
+    for key in _NUMBERS:
+        value = getattr(s, key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{where}.{key}: must be a number, got {value!r}")
     for key in _POSITIVE:
         value = getattr(s, key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
