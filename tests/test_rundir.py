@@ -392,3 +392,51 @@ def test_kill_between_last_checkpoint_and_final_e2e(tmp_path, monkeypatch):
     assert metric_steps(out) == [1, 2]
     a, b = load_file(str(straight / "model.safetensors")), load_file(str(final / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_two_stapo_train_into_one_dir_one_refuses_and_kill_9_leaves_no_stale_lock(tmp_path):
+    """The acceptance check: a second `stapo train` into a directory being trained refuses at once naming the
+    holder; after kill -9 of the first (past its first checkpoint) a rerun proceeds, resumes and finishes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from stapo.lock import RUN_LOCK, holder
+
+    recipe = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    recipe["workflow"]["models"] = ["tiny-qwen3"]
+    recipe["train"].update(dataset={"name": "synthetic-arith", "n": 16, "difficulty": 1, "seed": 0}, max_steps=3,
+                           save_steps=1, save_total_limit=None, prompts_per_generation=2, num_generations=4,
+                           prompts_per_step=2, per_device_train_batch_size=4, max_completion_length=8,
+                           diagnostics_every=0)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "run"
+    argv = [str(Path(sys.executable).parent / "stapo"), "train", "--recipe", str(path), "--model", "tiny-qwen3",
+            "--method", "stapo", "--out", str(out)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while holder(out / RUN_LOCK).get("pid") != first.pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+        start = time.monotonic()
+        second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        refused_in = time.monotonic() - start
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoint-1" / rundir.COMPLETE).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    print(f"second stapo train refused in {refused_in:.2f} s: {second.stderr.strip()}")
+    assert second.returncode == 2 and f"is in use by PID {first.pid}" in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1 and refused_in < 5
+    assert (out / "checkpoint-1" / rundir.COMPLETE).exists() and not (out / "final").exists()
+    kept = (out / "checkpoint-1" / rundir.COMPLETE).stat().st_mtime_ns
+    rerun = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)  # the lock died with it
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rundir.verify_final(out, 3) and metric_steps(out) == [1, 2, 3]
+    assert (out / "checkpoint-1" / rundir.COMPLETE).stat().st_mtime_ns == kept  # resumed from it, not redone
