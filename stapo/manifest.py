@@ -11,8 +11,9 @@ same size, a restored mtime. :func:`verify` checks a directory against its manif
 header whose offsets run past the end, a torch.save zip without its central directory, JSON that does not
 parse). Manifests of an older stapo (sizes only, or the bare step number) get the checks they allow.
 
-Cost (benchmarks/bench_checksums.py): SHA-256 runs at ~0.5-2 GB/s per core depending on the CPU's SHA
-extensions; files are hashed in parallel threads (hashlib releases the GIL).
+Cost (benchmarks/bench_checksums.py, Qwen3-1.7B's shape, 3.44 GB of bf16 weights, a shared 2-core VM): 0.76 GB/s,
+1.3 s per GB saved (+27-34 % of the save's own time); a checkpoint's files are hashed in parallel threads
+(hashlib releases the GIL), one file per thread.
 
 Standard library only: the evaluation preflight verifies its input before lm-eval or torch load.
 """
