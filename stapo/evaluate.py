@@ -63,7 +63,7 @@ def load_eval_section(recipe: str | Path | None) -> EvalSection:
     """
     if recipe is None:
         return EvalSection()
-    return study.read(recipe, required=("eval",), check_runs=False).eval
+    return study.read(recipe, required=("eval",)).eval  # the whole file, as every entry point checks it
 
 
 def resolve_config(args: argparse.Namespace) -> EvalConfig:
