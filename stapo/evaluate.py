@@ -161,7 +161,7 @@ def check_model(spec: str) -> dict[str, str]:
     sentinel = next((s for s in (FINAL_COMPLETE, COMPLETE) if (path / s).is_file()), None)
     if not path.is_dir() or sentinel is None:
         return {}
-    found, digests = manifest.verify(path, sentinel)
+    found, digests = manifest.verify(path, sentinel, content=manifest.model_files(path))  # not optimizer state
     if not found:
         return digests
     what = f"--model: {path} is damaged ({'; '.join(found)})"

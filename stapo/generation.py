@@ -20,7 +20,7 @@ import sqlite3
 from collections import Counter
 from pathlib import Path
 
-from stapo.manifest import digests
+from stapo.manifest import digests, model_files
 from stapo.models import end_of_turn_token_ids, end_of_turn_tokens
 from stapo.study.evaluation import EvalConfig
 from stapo.tasks.registry import TASKS_DIR, task_name
@@ -39,23 +39,20 @@ def cache_path(out: Path) -> Path:
     return out.with_name(out.name + ".cache.sqlite")
 
 
-# Files whose bytes decide what a checkpoint generates (weights, their index, config, tokenizer).
-_FINGERPRINT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".model", ".txt", ".jinja")
-
-
 def model_fingerprint(model_path: str, known: dict[str, str] | None = None) -> str:
     """A cache key for the weights behind ``model_path`` (not its name, size or mtime).
 
-    Local directory: sha256 over (name, SHA-256 of the content) of its weight, index, config and tokenizer files,
-    so different weights at the same path regenerate even with the same sizes and restored mtimes; copying a
-    checkpoint keeps its cache. ``known``: digests already computed for this directory's files (stapo eval's
-    preflight verifies a checkpoint's manifest, which reads every file: they are not read twice). Hub id: the id
+    Local directory: sha256 over (name, SHA-256 of the content) of its weight, index, config and tokenizer files
+    (stapo.manifest.model_files; a checkpoint's optimizer state is not read), so different weights at the same path
+    regenerate even with the same sizes and restored mtimes; copying a checkpoint keeps its cache. ``known``:
+    digests already computed for this directory's files (stapo eval's preflight verifies a checkpoint's manifest,
+    which reads those files: they are not read twice). Hub id: the id
     and the cached snapshot's commit when the HF cache has one (``HF_HUB_OFFLINE`` runs use exactly that
     snapshot), else the id alone.
     """
     path = Path(model_path)
     if path.is_dir():
-        names = sorted(p.name for p in path.iterdir() if p.is_file() and p.suffix in _FINGERPRINT_SUFFIXES)
+        names = model_files(path)
         known = known or {}
         fresh = digests(path, [n for n in names if n not in known])
         entries = [(n, known.get(n) or fresh[n]) for n in names]

@@ -30,12 +30,16 @@ from pathlib import Path
 
 from stapo.atomic import atomic_write_json
 
-__all__ = ["COMPLETE", "FINAL_COMPLETE", "WEIGHTS", "file_sha256", "digests", "write_manifest", "read_manifest",
-           "verify", "problems"]
+__all__ = ["COMPLETE", "FINAL_COMPLETE", "WEIGHTS", "file_sha256", "digests", "model_files", "write_manifest",
+           "read_manifest", "verify", "problems"]
 
 COMPLETE = "STAPO_CHECKPOINT_COMPLETE"  # checkpoint manifest, written after every rank has saved
 FINAL_COMPLETE = "STAPO_FINAL_COMPLETE"  # final/ manifest, written into the temporary dir before the rename
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+# Files whose bytes decide what a loaded model generates (weights, their index, config, tokenizer) ...
+MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".model", ".txt", ".jinja")
+# ... except a checkpoint's training state, which only resuming reads
+TRAINING_STATE = ("optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json", "rng_state")
 _BLOCK = 8 << 20  # bytes per read while hashing
 _THREADS = max(1, min(4, os.cpu_count() or 1))
 
@@ -56,6 +60,12 @@ def digests(directory: str | os.PathLike, names: list[str]) -> dict[str, str]:
     directory = Path(directory)
     with ThreadPoolExecutor(_THREADS) as pool:
         return dict(zip(names, pool.map(lambda n: file_sha256(directory / n), names)))
+
+
+def model_files(directory: str | os.PathLike) -> list[str]:
+    """The files of ``directory`` (top level) a loaded model is made of, sorted: not a checkpoint's training state."""
+    return sorted(p.name for p in Path(directory).iterdir() if p.is_file() and p.suffix in MODEL_SUFFIXES
+                  and not p.name.startswith(TRAINING_STATE))
 
 
 def _files(directory: Path, sentinel: str) -> list[str]:
@@ -105,12 +115,12 @@ def _cut(path: Path) -> str | None:
 
 
 def verify(directory: str | os.PathLike, sentinel: str = COMPLETE, *,
-           content: bool = True) -> tuple[list[str], dict[str, str]]:
+           content: bool | list[str] = True) -> tuple[list[str], dict[str, str]]:
     """(what makes ``directory`` not intact, [] when intact; the SHA-256 of every file it checked).
 
-    Intact: the manifest exists, every file it lists is there with its size and (``content``) its SHA-256, weights
-    are present, and no safetensors / torch.save / JSON file is structurally cut. Digests are computed only for
-    files whose size matches.
+    Intact: the manifest exists, every file it lists is there with its size and (``content``: all files, or those
+    named) its SHA-256, weights are present, and no safetensors / torch.save / JSON file is structurally cut.
+    Digests are computed only for files whose size matches.
     """
     directory = Path(directory)
     manifest, found, checked = read_manifest(directory, sentinel), [], {}
@@ -127,7 +137,8 @@ def verify(directory: str | os.PathLike, sentinel: str = COMPLETE, *,
         else:
             same_size.append(name)
     if content and sums:
-        checked = digests(directory, [n for n in same_size if n in sums])
+        wanted = same_size if content is True else [n for n in same_size if n in content]
+        checked = digests(directory, [n for n in wanted if n in sums])
         found += [f"{n} content differs from its SHA-256 at save time (damaged after it was written)"
                   for n, h in checked.items() if h != sums[n]]
     if not any((directory / w).is_file() for w in WEIGHTS):

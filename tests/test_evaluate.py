@@ -390,6 +390,10 @@ def test_model_fingerprint_follows_the_weights_not_the_path(tmp_path):
     (ckpt / "model.safetensors").write_bytes(b"c" * 11)  # other weights, same size, the old mtime restored
     os.utime(ckpt / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns))
     assert model_fingerprint(str(ckpt)) != second
+    third = model_fingerprint(str(ckpt))
+    (ckpt / "optimizer.pt").write_bytes(b"adam" * 100)  # a checkpoint's training state is not the model's
+    (ckpt / "rng_state.pth").write_bytes(b"rng")
+    assert model_fingerprint(str(ckpt)) == third
     (ckpt / "notes.md").write_text("irrelevant")
     assert model_fingerprint("Qwen/Qwen3-8B-Base").startswith("Qwen/Qwen3-8B-Base")
 
