@@ -102,6 +102,8 @@ def make_fixtures(work: Path) -> None:
     (work / "bad_rows").mkdir(exist_ok=True)
     (work / "bad_rows" / "aime24.jsonl").write_text('{"id": "a", "problem": "1+1?", "answer": "2"}\n'
                                                     '{"id": "b", "problem": "2+2?"}\n')
+    (work / "no_weights").mkdir(exist_ok=True)
+    (work / "no_weights" / "config.json").write_text('{"model_type": "qwen3"}')
     (work / "cache").mkdir(exist_ok=True)
     (work / "cache" / "o.jsonl.cache.sqlite").write_bytes(b"not a database" * 100)
     _damaged_final(work / "run")
@@ -192,6 +194,9 @@ CASES = [
     Case("eval: model directory missing", "stapo", ("eval", "--model", "{work}/runs/m/final", "--benchmark",
                                                     "aime24", "--setting", "t1.0_p1.0", *OUT),
          ("--model", "{work}/runs/m/final")),
+    Case("eval: model directory without weights", "stapo", ("eval", "--model", "{work}/no_weights", "--benchmark",
+                                                            "aime24", "--setting", "t1.0_p1.0", *OUT),
+         ("--model", "{work}/no_weights has no weights file")),
     Case("eval: unknown bundled model", "stapo", ("eval", "--model", "bundled:nope", "--benchmark", "aime24",
                                                   "--setting", "t1.0_p1.0", *OUT), ("--model", "bundled:nope")),
     Case("eval: --data-dir missing", "stapo", (*E, *OUT, "--data-dir", "{work}/no-such-dir"),

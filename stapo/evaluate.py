@@ -144,10 +144,14 @@ def _check_writable(out: Path) -> None:
 
 
 def _check_spec(spec: str) -> None:
+    """``--model`` names a model: a bundled name, a hub id, or a local directory with a config and weights."""
     try:
         check_spec(str(spec))
     except (ValueError, OSError) as err:
         raise EvalInputError(f"--model: {str(err).removeprefix('model: ')}") from None
+    path = Path(spec)
+    if path.is_dir() and not any((path / w).is_file() for w in manifest.WEIGHTS):
+        raise EvalInputError(f"--model: {path} has no weights file (one of {', '.join(manifest.WEIGHTS)})")
 
 
 def check_model(spec: str) -> dict[str, str]:
