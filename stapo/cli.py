@@ -59,8 +59,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     for cmd, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(cmd, help=help_text)
-        if cmd == name:  # only the subcommand that runs defines its arguments
-            train_arguments(p) if cmd == "train" else importlib.import_module(module).add_arguments(p)
+        if cmd == name == "train":
+            train_arguments(p)
+        elif cmd == name:  # only the subcommand that runs defines (and imports) its arguments
+            importlib.import_module(module).add_arguments(p)
     return parser.parse_args(argv)
 
 
