@@ -21,7 +21,11 @@ Cost model (GPU-seconds; throughputs are per GPU and, unless given per model, me
 
 R and E are not known before a run (they grow during RL); the defaults assume a third of the length budget
 (max_completion_length / 3, max_new_tokens / 3) and are printed with the estimate. ``benchmarks/gpu_check.py``
-measures the throughputs on one GPU and writes a file for ``--throughputs``.
+measures the throughputs on one GPU and writes a file for ``--throughputs``; without one, the shipped reference
+(``stapo/reference/throughputs.yaml``: an analytic estimate for the paper's H20, provenance inside) is used and the
+output says so. Throughputs measured on a CPU (``gpu_check.py --cpu-smoke``) are refused unless
+``--allow-cpu-throughputs``: a GPU estimate from them is off by orders of magnitude. The paper's own statement of
+its cost (64 H20 GPUs, 5-7 days per training run) is printed beside the estimate for scale.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ MODEL_PARAMS_B = {
 }
 EXTRA_FORWARD = 1.0 / 3.0  # forward+backward ≈ 3 forwards: one more forward pass adds a third
 THROUGHPUT_KEYS = ("rollout_tokens_per_s", "train_tokens_per_s", "eval_tokens_per_s")
+REFERENCE_THROUGHPUTS = Path(__file__).parent / "reference" / "throughputs.yaml"
+# The paper's statement of its cost (Training Details): 64 H20 GPUs, 5-7 days per training run.
+PAPER_COST = {"gpus": 64, "hardware": "H20", "days": (5, 7)}
+PAPER_RUN_GPU_HOURS = tuple(PAPER_COST["gpus"] * 24 * d for d in PAPER_COST["days"])  # (7,680, 10,752)
 
 
 @dataclass
@@ -75,7 +83,15 @@ class Throughputs:
     eval_tokens_per_s: float | None = None
     engine_start_s: float = 60.0
     gpu: str | None = None
+    device: str | None = None  # "cuda" or "cpu": where they were measured (gpu_check.py --cpu-smoke: cpu)
     models: dict = field(default_factory=dict)  # model key -> {<throughput key>: tokens/s} measured on that model
+    provenance: dict = field(default_factory=dict)  # hardware, model, source, date, measured
+    source: str = "command line"  # where these figures come from (set by load_throughputs)
+
+    @property
+    def on_cpu(self) -> bool:
+        """Measured on a CPU (``device: cpu``, or gpu_check's ``gpu: cpu (smoke)``)."""
+        return self.device == "cpu" or str(self.gpu or "").lower().startswith("cpu")
 
 
 # ------------------------------------------------------------------------------------------------------ jobs
@@ -137,20 +153,41 @@ def resolved_config(files: list[Path]) -> Study:
 # ------------------------------------------------------------------------------------------------ throughputs
 
 
-def load_throughputs(path: str | Path | None = None, **overrides) -> Throughputs:
-    """Throughputs from a YAML/JSON file (gpu_check's output), then the non-None ``overrides`` (CLI flags)."""
+class PlanError(UserError, ValueError):
+    """A bad ``stapo plan`` input; one line naming the file or flag."""
+
+
+def load_throughputs(path: str | Path | None = None, *, allow_cpu: bool = False, **overrides) -> Throughputs:
+    """Throughputs from a YAML/JSON file (gpu_check's output), then the non-None ``overrides`` (CLI flags).
+
+    With neither a file nor the three rates given, the shipped reference (``REFERENCE_THROUGHPUTS``). Figures
+    measured on a CPU raise PlanError unless ``allow_cpu``.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    source = f"--throughputs {path}" if path is not None else "command line"
+    if path is None and not set(THROUGHPUT_KEYS) <= set(given):
+        path, source = REFERENCE_THROUGHPUTS, f"shipped reference ({REFERENCE_THROUGHPUTS.name}, not measured)"
     data = {}
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"--throughputs: {path} not found")
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        known = {f for f in Throughputs.__dataclass_fields__}
+            raise PlanError(f"--throughputs: {path} not found")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as err:
+            raise PlanError(f"--throughputs: {path}: not YAML ({str(err).splitlines()[0]})") from None
+        if not isinstance(data, dict):
+            raise PlanError(f"--throughputs: {path}: expected a mapping of throughputs")
+        known = set(Throughputs.__dataclass_fields__) - {"source"}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"{path}: unknown key(s) {unknown}; expected some of {sorted(known)}")
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    return Throughputs(**data)
+            raise PlanError(f"{path}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+    data.update(given)
+    tp = Throughputs(**data, source=source)
+    if tp.on_cpu and not allow_cpu:
+        raise PlanError(f"{source}: measured on a CPU ({tp.gpu or tp.device}); a GPU estimate from it is off by "
+                        "orders of magnitude (pass --allow-cpu-throughputs to use it anyway)")
+    return tp
 
 
 def _params_b(study: Study, model: str, params: dict) -> float:
@@ -256,7 +293,7 @@ def estimate(jobs: Jobs, study: Study, tp: Throughputs, *, prompt_tokens: float 
     return {"jobs": jobs.counts(), "models": per_model, "stages": stages, "total_gpu_hours": total,
             "assumptions": {"prompt_tokens": prompt_tokens, "response_tokens": response_tokens or "max/3",
                             "eval_tokens": eval_tokens or "max/3", "extra_forward_cost": round(EXTRA_FORWARD, 3)},
-            "throughputs": asdict(tp)}
+            "throughputs": {**asdict(tp), "on_cpu": tp.on_cpu}, "paper_run_gpu_hours": list(PAPER_RUN_GPU_HOURS)}
 
 
 def _fmt(hours: float | None) -> str:
@@ -267,12 +304,14 @@ def format_plan(plan: dict) -> str:
     """The human-readable table ``stapo plan`` prints."""
     counts = ", ".join(f"{k} {v}" for k, v in plan["jobs"].items())
     lines = [f"jobs: {counts} (total {sum(plan['jobs'].values())})",
-             "", f"{'model':<20} {'stage':<16} {'jobs':>6} {'GPUs/job':>8} {'GPU-h':>12} {'wall-h/job':>11}"]
+             "", f"{'model':<20} {'stage':<16} {'jobs':>6} {'GPUs/job':>8} {'GPU-h':>12} {'wall-h/job':>11} "
+                 f"{'GPU-h/run':>10}"]
     for model, m in plan["models"].items():
         per_run = [h for h in m["train_gpu_hours_per_run"].values() if h is not None]
         wall = f"{max(per_run) / m['gpus_per_run']:,.1f}" if per_run else "n/a"
+        run = f"{min(per_run):,.0f}-{max(per_run):,.0f}" if per_run else "n/a"
         lines.append(f"{model:<20} {'train':<16} {m['train_runs']:>6} {m['gpus_per_run']:>8} "
-                     f"{_fmt(m['train_gpu_hours']):>12} {wall:>11}")
+                     f"{_fmt(m['train_gpu_hours']):>12} {wall:>11} {run:>10}")
         for kind, n in m["eval_jobs"].items():
             if n:
                 lines.append(f"{'':<20} {'eval ' + kind:<16} {n:>6} {m['eval_gpus']:>8} "
@@ -282,6 +321,15 @@ def format_plan(plan: dict) -> str:
                   f"total {_fmt(plan['total_gpu_hours'])}",
               "assumptions: " + ", ".join(f"{k} {v}" for k, v in plan["assumptions"].items())]
     tp = plan["throughputs"]
+    ref = f"reference {tp['reference_params_b']} B" if tp.get("reference_params_b") else "per model"
+    lines.append(f"throughputs ({tp.get('source', 'command line')}; {tp.get('gpu') or 'GPU not named'}, {ref}): "
+                 + ", ".join(f"{k.removesuffix('_tokens_per_s')} {tp[k]:,.0f} tok/s/GPU" for k in THROUGHPUT_KEYS
+                             if tp.get(k) is not None))
+    if tp.get("on_cpu"):
+        lines.append("WARNING: these throughputs were measured on a CPU: the GPU-hours above are not a GPU estimate")
+    lo, hi = PAPER_RUN_GPU_HOURS
+    lines.append(f"paper, for scale: {PAPER_COST['gpus']} {PAPER_COST['hardware']} GPUs x {PAPER_COST['days'][0]}-"
+                 f"{PAPER_COST['days'][1]} days per training run = {lo:,}-{hi:,} GPU-hours per run")
     if any(tp[k] is None for k in THROUGHPUT_KEYS) and not tp["models"]:
         lines.append("n/a: give --throughputs FILE (benchmarks/gpu_check.py writes one) or --rollout-tps/"
                      "--train-tps/--eval-tps with --reference-params")
@@ -306,6 +354,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--response-tokens", type=float, help="mean rollout tokens (default max_completion/3)")
     parser.add_argument("--eval-tokens", type=float, help="mean evaluation tokens per sample (default max_new/3)")
     parser.add_argument("--params", nargs="*", default=[], metavar="MODEL=B", help="parameters (billions) per model")
+    parser.add_argument("--allow-cpu-throughputs", action="store_true",
+                        help="accept throughputs measured on a CPU (gpu_check.py --cpu-smoke) for the estimate")
     parser.add_argument("--json", help="also write the estimate as JSON here")
 
 
@@ -327,7 +377,8 @@ def run(args: argparse.Namespace) -> int:
         params = _parse_params(args.params)
         tp = load_throughputs(args.throughputs, rollout_tokens_per_s=args.rollout_tps,
                               train_tokens_per_s=args.train_tps, eval_tokens_per_s=args.eval_tps,
-                              reference_params_b=args.reference_params, engine_start_s=args.engine_start)
+                              reference_params_b=args.reference_params, engine_start_s=args.engine_start,
+                              allow_cpu=args.allow_cpu_throughputs)
     except (ValueError, OSError, yaml.YAMLError) as err:
         raise UserError(" ".join(str(err).split())) from None
     jobs, study = workflow_jobs(args.configfile, args.snakefile, args.target)

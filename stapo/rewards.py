@@ -24,7 +24,7 @@ from __future__ import annotations
 from stapo.answers import last_boxed, normalize_answer, strict_box
 from stapo.grading import grade
 
-__all__ = ["dapo_strict", "dapo_lenient", "math_verify", "REWARDS", "get_reward"]
+__all__ = ["dapo_strict", "dapo_lenient", "math_verify", "REWARDS"]
 
 DAPO_TAIL_CHARS = 300  # verl math_dapo: "The longest answer in MATH-500 has 159 characters"
 DAPO_BOX_WINDOW = 100  # JustRL is_correct_strict_box: the box is searched in the last 100 of those characters
@@ -91,9 +91,3 @@ def math_verify_01(prompts=None, completions=None, answer=None, **kwargs) -> lis
 REWARDS = {"dapo_strict": dapo_strict, "dapo_lenient": dapo_lenient, "math_verify": math_verify,
            "math_verify_01": math_verify_01}
 
-
-def get_reward(name: str):
-    """The reward function registered as ``name`` (recipe key ``train.reward``), named for TRL's logs."""
-    if name not in REWARDS:
-        raise ValueError(f"train.reward: unknown reward {name!r}; expected one of {sorted(REWARDS)}")
-    return REWARDS[name]

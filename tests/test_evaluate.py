@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from stapo import evaluate, generation
 from stapo.evaluate import resolve_config
@@ -139,12 +140,29 @@ def test_config_errors_name_the_bad_key(tmp_path):
 # ------------------------------------------------------------------------------------------------ tasks
 
 
+# The hub copies (``data_dir: hub``) and sizes of the paper's six (stapo/tasks/data/README.md): a benchmark pointed at
+# another's hub id, split or size fails here.
+HUB = {
+    "aime24": ("HuggingFaceH4/aime_2024", None, "train", "problem", "answer", (30,), 32),
+    "aime25": ("math-ai/aime25", None, "test", "problem", "answer", (30,), 32),
+    "amc23": ("math-ai/amc23", None, "test", "question", "answer", (40,), 32),
+    "math500": ("HuggingFaceH4/MATH-500", None, "test", "problem", "answer", (500,), 4),
+    "minerva": ("math-ai/minervamath", None, "test", "question", "answer", (272,), 4),
+    "olympiadbench": ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train", "question", "final_answer", (674, 675), 4),
+}
+
+
 def test_registry_hub_ids_and_counts():
     from stapo.tasks import BENCHMARKS
+    from stapo.tasks.registry import BUNDLED_DATA_DIR, read_benchmark_file
 
-    for name in LOCAL:
+    assert set(HUB) == set(LOCAL)
+    for name, (hub_id, config, split, problem, answer, rows, samples) in HUB.items():
         b = BENCHMARKS[name]
-        assert b.hub_id and b.hub_id.count("/") == 1 and b.expected_rows
+        assert (b.hub_id, b.hub_config, b.hub_split, b.problem_field, b.answer_field) == (hub_id, config, split,
+                                                                                          problem, answer), name
+        assert (b.expected_rows, b.samples) == (rows, samples), name
+        assert len(read_benchmark_file(BUNDLED_DATA_DIR / b.file)) in rows, name  # the shipped file is that set
 
 
 def test_hub_rows_map_fields_and_join_multi_answers(monkeypatch, caplog):
@@ -241,6 +259,40 @@ def test_end_to_end_every_local_benchmark(tmp_path, setting):
                               "correct_fallback", "extracted_fallback", "tokens", "truncated"} for r in recs)
         # a random 8-token model: no box, every completion hits the cap
         assert s["truncation_rate"] == 100.0 and all(r["truncated"] and r["tokens"] >= 8 for r in recs)
+
+
+def _own_benchmark(tmp_path: Path) -> Path:
+    """A study with a benchmark of its own: a 3-row file, one config entry."""
+    rows = [{"id": f"gsm-{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(3)]
+    data = tmp_path / "data" / "gsm_tiny.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = tmp_path / "study.yaml"
+    recipe.write_text(yaml.safe_dump({"eval": {"benchmarks": {"gsm_tiny": {"file": str(data), "label": "GSM tiny",
+                                                                          "samples": 3}},
+                                               "settings": {"t0.6": {"temperature": 0.6, "top_p": 0.95}}}}))
+    return recipe
+
+
+def test_own_benchmark_is_one_config_entry(tmp_path):
+    recipe = _own_benchmark(tmp_path)
+    cfg = resolve_config(_args(benchmark="gsm_tiny", setting="t0.6", recipe=str(recipe)))
+    assert (cfg.n, cfg.file, cfg.temperature, cfg.top_p) == (3, str(tmp_path / "data" / "gsm_tiny.jsonl"), 0.6, 0.95)
+    from stapo.tasks.registry import FILE_TASK, custom_dataset, task_name
+
+    assert task_name("gsm_tiny") == FILE_TASK and task_name("aime24") == "stapo_aime24"
+    ds = custom_dataset("file", file=cfg.file, name="gsm_tiny")["test"]
+    assert ds["id"] == ["gsm-0", "gsm-1", "gsm-2"] and ds["answer"] == ["0", "2", "4"]
+    with pytest.raises(StudyError, match="gsm_other"):  # not shipped and not in the recipe
+        resolve_config(_args(benchmark="gsm_other", setting="t0.6", recipe=str(recipe)))
+
+
+@pytest.mark.slow
+def test_end_to_end_own_benchmark(tmp_path):
+    s = _eval(tmp_path, "gsm_tiny", "t0.6", recipe=_own_benchmark(tmp_path), samples=3)
+    assert (s["benchmark"], s["problems"], s["n_samples"], s["samples"]) == ("gsm_tiny", 3, 3, 9)
+    recs = _records(tmp_path / "gsm_tiny" / "t0.6.jsonl")
+    assert [r["gold"] for r in recs] == ["0"] * 3 + ["2"] * 3 + ["4"] * 3
 
 
 @pytest.mark.slow

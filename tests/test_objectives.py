@@ -19,7 +19,10 @@ from stapo.objectives import (
     silence_mask,
     step_thresholds,
     Thresholds,
+    THRESHOLDS,
+    TOKEN_MASKS,
 )
+from stapo.methods import METHODS as DECLARED
 from stapo.study import OBJECTIVES as METHODS, ObjectiveConfig, get_objective
 
 
@@ -40,8 +43,8 @@ def _inputs(logps, advantages, mask, entropies=None, old_logps=None):
 
 
 def test_registry_has_paper_defaults():
-    assert set(MAIN_METHODS) == {"grpo", "entropy20", "justrl", "stapo"}
-    assert set(METHODS) == set(MAIN_METHODS) | {"stapo_high", "stapo_random", "stapo_full"}
+    assert MAIN_METHODS == ("grpo", "entropy20", "justrl", "stapo")
+    assert set(METHODS) >= set(MAIN_METHODS) | {"stapo_high", "stapo_random", "stapo_full"}
     g = METHODS["grpo"]
     assert (g.eps_low, g.eps_high, g.kl_beta) == (0.2, 0.2, 0.04)
     for name in ("justrl", "entropy20", "stapo"):
@@ -603,3 +606,87 @@ def test_step_thresholds_values_and_empty_pools():
     _, m_call = policy_loss(METHODS["stapo"], **z)
     _, m_step = policy_loss(METHODS["stapo"], thresholds=Thresholds(tau_h=0.5), **z)
     assert m_call["silenced_fraction"] == 0.0 and m_step["silenced_fraction"] == 0.5
+
+
+# ------------------------------------------------------------------- the contract of every declared method
+
+
+class _ReadProbe:
+    """Thresholds that record which fields a token mask reads."""
+
+    def __init__(self, real: Thresholds):
+        self._real, self.read = real, set()
+
+    def __getattr__(self, name):
+        self.read.add(name)
+        return getattr(self._real, name)
+
+
+@pytest.mark.parametrize("method", list(DECLARED))
+def test_every_declared_method_keeps_its_contract(method):
+    """Runs over stapo/methods.py: a new declaration is checked here without editing this test."""
+    decl, cfg = DECLARED[method], get_objective(method)
+    assert decl.token_mask in TOKEN_MASKS, f"{method}: token mask {decl.token_mask!r} is not registered"
+    assert decl.thresholds is None or decl.thresholds in THRESHOLDS
+    assert decl.label and decl.key == method
+    x = _random_batch(B=6, T=24, rare_fraction=0.4, seed=7)
+    m = x["completion_mask"].bool()
+    tensors = {k: x[k] for k in ("logps", "entropies", "advantages", "completion_mask")}
+    # needs-thresholds ⇔ reads them (declared, never inferred)
+    real = step_thresholds(cfg, **tensors)
+    probe = _ReadProbe(real)
+    kept, silenced = TOKEN_MASKS[decl.token_mask](cfg, **{**tensors, "completion_mask": m}, thresholds=probe,
+                                                   generator=None)
+    assert bool(probe.read) == (decl.thresholds is not None), (method, probe.read)
+    assert kept.dtype == silenced.dtype == torch.bool and kept.shape == silenced.shape == m.shape
+    assert not (kept & silenced).any() and not (silenced & ~m).any()
+    # masked tokens get exactly zero gradient, kept ones (inside the clip region) do not
+    ref = x["logps"].detach() + 0.1 if cfg.kl_beta > 0 else None
+    loss, metrics = policy_loss(cfg, ref_logps=ref, thresholds=real if decl.thresholds else None, **x)
+    loss.backward()
+    g = x["logps"].grad
+    kept, _ = kept_mask(cfg, thresholds=real if decl.thresholds else None, **tensors)
+    assert torch.all(g[~kept] == 0)
+    ratio = torch.exp(x["logps"] - x["old_logps"]).detach()
+    live = kept & (ratio > 1 - cfg.eps_low) & (ratio < 1 + cfg.eps_high) & (x["advantages"] != 0).unsqueeze(-1)
+    assert live.any() and torch.all(g[live] != 0)
+    assert metrics["kept_fraction"] == pytest.approx(float(kept.sum() / m.sum()))
+    # finite zero loss with a graph on empty and all-masked batches
+    for B, T in ((3, 4), (0, 4), (3, 0)):
+        y = {k: (v.detach()[:B, :T] if v.dim() == 2 else v[:B]) for k, v in x.items()}
+        y["logps"] = y["logps"].clone().requires_grad_(True)
+        y["completion_mask"] = torch.zeros_like(y["completion_mask"])
+        loss, _ = policy_loss(cfg, ref_logps=y["logps"].detach() if cfg.kl_beta > 0 else None, **y)
+        assert loss.item() == 0.0 and loss.grad_fn is not None, (method, B, T)
+
+
+def test_a_new_method_is_one_declaration_and_its_mask(monkeypatch):
+    """README "Add a method": low-probability isolation (drop positive-advantage tokens with π < 0.1)."""
+    import stapo.methods
+    import stapo.objectives as obj
+    from stapo import names, study
+
+    monkeypatch.setattr(stapo.methods, "METHODS", dict(stapo.methods.METHODS))
+    monkeypatch.setattr(obj, "TOKEN_MASKS", dict(obj.TOKEN_MASKS))
+    import stapo.study.objective as objective_module
+
+    monkeypatch.setattr(objective_module, "METHODS", stapo.methods.METHODS)
+    monkeypatch.setattr(study, "METHODS", stapo.methods.METHODS)
+
+    @obj.register_token_mask("low_prob_positive")
+    def low_prob_positive(cfg, *, logps, advantages, completion_mask, **_):
+        drop = completion_mask & (advantages > 0).unsqueeze(-1) & (logps.detach().exp() < 0.1)
+        return completion_mask & ~drop, drop
+
+    stapo.methods.declare("lpi", label="Low-p isolation", token_mask="low_prob_positive")
+    parsed = study.parse({"study": "s", "methods": {"lpi": {"objective": "lpi"},
+                                                     "lpi_b": {"objective": "lpi", "label": "LPI (b)"}}},
+                         required=())
+    cfg = parsed.methods["lpi"]
+    assert (cfg.token_mask, cfg.uses_thresholds) == ("low_prob_positive", False)
+    assert parsed.label("methods", "lpi_b") == "LPI (b)"
+    x = _inputs([[math.log(0.05), -0.1], [math.log(0.05), -0.1]], [1.0, -1.0], [[1, 1], [1, 1]])
+    loss, metrics = policy_loss(cfg, **x)
+    loss.backward()
+    assert metrics["silenced_fraction"] == 0.25 and x["logps"].grad[0, 0] == 0 and x["logps"].grad[1, 0] != 0
+    assert names.METHODS.get("lpi") is None  # names are derived at import: the study labels a runtime addition

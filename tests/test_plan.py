@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stapo.errors import UserError
 
@@ -126,3 +127,43 @@ def test_cli_prints_table_and_writes_json(tmp_path, capsys, monkeypatch):
     update = 2048 * 5320 / 2500 * 4 / 3
     assert plan["models"]["qwen3-1.7b-base"]["train_gpu_hours_per_run"]["justrl"] == pytest.approx(
         3000 * (2048 * 5120 / 10_000 + update) / 3600)
+
+
+def test_out_of_the_box_uses_the_shipped_reference_and_says_so(tmp_path, capsys, monkeypatch):
+    from stapo.cli import main
+
+    ref = yaml.safe_load(P.REFERENCE_THROUGHPUTS.read_text())
+    assert ref["provenance"]["measured"] is False and {"hardware", "source", "date"} <= set(ref["provenance"])
+    tp = P.load_throughputs()
+    assert (tp.train_tokens_per_s, tp.reference_params_b) == (ref["train_tokens_per_s"], ref["reference_params_b"])
+    assert "shipped reference" in tp.source and not tp.on_cpu
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "n/a" not in text and "shipped reference (throughputs.yaml, not measured)" in text
+    assert "64 H20 GPUs x 5-7 days per training run = 7,680-10,752 GPU-hours per run" in text
+    plan = json.loads(out.read_text())
+    per_run = plan["models"]["qwen3-8b-base"]["train_gpu_hours_per_run"]["justrl"]
+    # the estimate by hand from the reference: 3000 steps x (rollout + update x 4/3), 8B = the reference size
+    r = 15360 / 3
+    by_hand = 3000 * (2048 * r / ref["rollout_tokens_per_s"]
+                      + 2048 * (200 + r) / ref["train_tokens_per_s"] * 4 / 3) / 3600
+    assert per_run == pytest.approx(by_hand * ref["reference_params_b"] / 8.2)
+    assert plan["paper_run_gpu_hours"] == [7680, 10752]
+
+
+def test_cpu_throughputs_are_refused_for_a_gpu_estimate(tmp_path, capsys, monkeypatch):
+    from stapo.cli import main
+
+    smoke = tmp_path / "throughputs.yaml"  # what gpu_check.py --cpu-smoke writes
+    smoke.write_text("gpu: cpu (smoke)\nreference_params_b: 0.02\nrollout_tokens_per_s: 40\n"
+                     "train_tokens_per_s: 200\neval_tokens_per_s: 60\nengine_start_s: 20\n")
+    with pytest.raises(P.PlanError, match=r"measured on a CPU \(cpu \(smoke\)\).*--allow-cpu-throughputs"):
+        P.load_throughputs(smoke)
+    monkeypatch.chdir(ROOT)
+    assert main(["plan", "--throughputs", str(smoke)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "measured on a CPU" in line
+    assert main(["plan", "--throughputs", str(smoke), "--allow-cpu-throughputs"]) == 0
+    assert "WARNING: these throughputs were measured on a CPU" in capsys.readouterr().out

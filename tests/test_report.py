@@ -12,6 +12,7 @@ import pytest
 
 from stapo import report
 from stapo.atomic import atomic_write_json
+from stapo import study as stapo_study
 from stapo.figures import FIGURE_KINDS, figure_series, step_of, step_series
 from stapo.names import PAPER_BENCHMARKS
 
@@ -24,6 +25,16 @@ CELL = re.compile(r"^-?\d+\.\d{2} \(-?\d+\.\d{2}\)$")
 def _summary(path: Path, acc: float, half: float = 2.0, n: int = 4, problems: int = 30) -> None:
     atomic_write_json(path, {"avg_at_n": acc, "ci95": [acc - half, acc + half], "n_samples": n,
                              "problems": problems, "samples": n * problems})
+
+
+def study_of(name: str = "synthetic", models=(), methods=(), **sections) -> stapo_study.Study:
+    """A parsed study of ``models`` (any spec) and ``methods`` (each its own objective) over ``sections``."""
+    config = {"study": name, **sections}
+    if models:
+        config["models"] = {m: {"spec": "x"} for m in models}
+    if methods:
+        config["methods"] = {m: {"objective": m} for m in methods}
+    return stapo_study.parse(config, required=(), check_runs=False)
 
 
 def _write_study(tmp: Path, model: str, benchmarks, ckpts=("final",)) -> tuple[Path, Path]:
@@ -54,8 +65,7 @@ def _rows(table: str) -> dict[str, list[str]]:
 
 def test_paper_model_table_has_paper_numbers_and_delta(tmp_path):
     scores, runs = _write_study(tmp_path, PAPER_MODEL, PAPER_BENCHMARKS)
-    study = {"study": "synthetic", "models": {PAPER_MODEL: {}}, "methods": {m: {} for m in METHODS}}
-    report.write_report(scores, runs, tmp_path / "results", study)
+    report.write_report(scores, runs, tmp_path / "results", study_of("synthetic", [PAPER_MODEL], METHODS))
     table = (tmp_path / "results" / "table.md").read_text()
     rows = _rows(table)
     labels = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")][1:]
@@ -96,7 +106,7 @@ def test_csv_has_every_cell_with_ci_and_averages(tmp_path):
 
 def test_miniature_table_only_present_benchmarks_and_footnote(tmp_path):
     scores, runs = _write_study(tmp_path, "smollm2-135m", ("arith", "aime24"), ckpts=("final", "checkpoint-2"))
-    report.write_report(scores, runs, tmp_path / "results", {"study": "tiny"})
+    report.write_report(scores, runs, tmp_path / "results", study_of("tiny"))
     table = (tmp_path / "results" / "table.md").read_text()
     assert "| Method | AIME24 | Arith | Avg |" in table
     rows = _rows(table)
@@ -243,7 +253,7 @@ def test_silenced_examples_table(tmp_path):
                "advantage": 0.8, "top": [{"token": " 7", "p": 0.91}] + [{"token": f"t{i}", "p": 0.01} for i in range(4)]}
     (runs / "m" / "stapo" / "silenced_examples.jsonl").write_text(json.dumps(example) + "\n")
     out = tmp_path / "results"
-    report.write_report(scores, runs, out, {"models": {"m": {}}})
+    report.write_report(scores, runs, out, study_of(models=["m"]))
     md = (out / "silenced_examples.md").read_text()
     assert "## m / STAPO" in md and "` seven`" in md and "1.50e-04" in md and "` 7` 0.910" in md
     assert "answer \\| is" in md  # a pipe in the context cannot break the table
@@ -252,7 +262,7 @@ def test_silenced_examples_table(tmp_path):
 
 def test_examples_table_says_when_nothing_was_logged(tmp_path):
     scores, runs = _write_study(tmp_path, "m", ["arith"])
-    report.write_report(scores, runs, tmp_path / "results", {"models": {"m": {}}})
+    report.write_report(scores, runs, tmp_path / "results", study_of(models=["m"]))
     assert "No examples logged" in (tmp_path / "results" / "silenced_examples.md").read_text()
 
 
@@ -277,7 +287,7 @@ def test_verifier_corrected_accuracy_headlines_the_table_and_the_rule_grade_foll
                 "avg_at_n": rule, "ci95": [rule - 1, rule + 1], "avg_at_n_corrected": corrected,
                 "ci95_corrected": [corrected - 3, corrected + 3], "avg_at_n_fallback": rule + 5,
                 "truncation_rate": 7.5, "no_box_rate": 40.0, "n_samples": 4, "problems": 30})
-    report.write_report(scores, runs, tmp_path / "results", {"study": "v"})
+    report.write_report(scores, runs, tmp_path / "results", study_of("v"))
     table = (tmp_path / "results" / "table.md").read_text()
     rows = _rows(table)
     assert rows["STAPO"][0] == "26.00 (26.00)" and rows["STAPO (rule only)"][0] == "20.00 (20.00)"
@@ -292,6 +302,47 @@ def test_verifier_corrected_accuracy_headlines_the_table_and_the_rule_grade_foll
 
 def test_without_verifier_the_table_says_rule_only_and_has_no_extra_rows(tmp_path):
     scores, runs = _write_study(tmp_path, "m", ("arith",))
-    report.write_report(scores, runs, tmp_path / "results", {"study": "tiny"})
+    report.write_report(scores, runs, tmp_path / "results", study_of("tiny"))
     table = (tmp_path / "results" / "table.md").read_text()
     assert not any("(rule only)" in label for label in _rows(table)) and "no LLM-verifier correction" in table
+
+
+def test_report_follows_the_study_settings_benchmarks_labels_and_curve(tmp_path):
+    """Three settings, a study's own benchmark and labels, its curve benchmark: nothing is hard-wired to the paper."""
+    settings = ("t1.0_p1.0", "t0.7_p0.9", "t0.6_p0.95")
+    scores, runs = tmp_path / "scores", tmp_path / "runs"
+    for method, ckpts in (("base", ("base",)), ("stapo_b", ("final", "checkpoint-2"))):
+        for j, bench in enumerate(("arith", "gsm_tiny")):
+            for ckpt in ckpts:
+                for k, setting in enumerate(settings):
+                    acc = 10 + 5 * j + k + (20 if method != "base" else 0) + (1 if ckpt == "final" else 0)
+                    _summary(scores / "m" / method / ckpt / bench / f"{setting}.summary.json", acc)
+    (runs / "m" / "stapo_b").mkdir(parents=True)
+    (runs / "m" / "stapo_b" / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "entropy_mean": 0.5}) + "\n" for s in range(1, 5)))
+    data = tmp_path / "gsm_tiny.jsonl"
+    data.write_text('{"id": "g", "problem": "p", "answer": "1"}\n')
+    study = stapo_study.parse({
+        "study": "own", "models": {"m": {"spec": "x"}},
+        "methods": {"stapo_b": {"objective": "stapo", "tau_p": 0.01, "label": "STAPO τp 0.01"}},
+        "eval": {"benchmarks": {"gsm_tiny": {"file": str(data), "label": "GSM tiny"}, "arith": {}},
+                 "settings": {"t1.0_p1.0": {"temperature": 1.0, "top_p": 1.0},
+                              "t0.7_p0.9": {"temperature": 0.7, "top_p": 0.9},
+                              "t0.6_p0.95": {"temperature": 0.6, "top_p": 0.95}}},
+        "workflow": {"curve_benchmark": "gsm_tiny", "curve_settings": ["t0.6_p0.95"]}},
+        required=(), check_runs=False)
+    report.write_report(scores, runs, tmp_path / "results", study)
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert "| Method | Arith | GSM tiny | Avg |" in table
+    rows = _rows(table)
+    assert list(rows) == ["Base", "STAPO τp 0.01"]
+    assert rows["STAPO τp 0.01"] == ["31.00 (32.00, 33.00)", "36.00 (37.00, 38.00)", "33.50 (34.50, 35.50)"]
+    assert "at T 1 / top-p 1 (T 0.7 / top-p 0.9, T 0.6 / top-p 0.95)" in table
+    csv_rows = list(csv.DictReader((tmp_path / "results" / "scores.csv").open()))
+    assert {r["setting"] for r in csv_rows if r["benchmark"] == "avg"} == set(settings)
+    panel = figure_series("accuracy", "m", report.load_scores(scores), report.load_metrics(runs), ["stapo_b"],
+                          study=study)
+    assert panel.ylabel == "GSM tiny accuracy (%)"  # the study's curve benchmark, though arith sorts first
+    assert [s.variant for s in panel.series] == list(settings)  # the study's order of settings
+    assert panel.of("stapo_b", "t0.6_p0.95").values == (17.0, 37.0, 38.0)  # base, checkpoint-2, final
+    assert study.label("settings", "t0.6_p0.95") == "T0.6/p0.95"

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from stapo.rewards import DAPO_TAIL_CHARS, dapo_lenient, dapo_strict, get_reward, math_verify, math_verify_01
+from stapo.rewards import DAPO_TAIL_CHARS, REWARDS, dapo_lenient, dapo_strict, math_verify, math_verify_01
 
 
 # JustRL train/verl/utils/reward_score/math_dapo.py, compute_score(strict_box_verify=True), gold "18" / "1000"
@@ -83,9 +83,11 @@ def test_math_verify_is_safe_in_a_worker_thread():
 
 
 def test_reward_registry_names_the_key():
-    assert get_reward("dapo_strict") is dapo_strict
-    with pytest.raises(ValueError, match="train.reward"):
-        get_reward("exact")
+    from stapo.study import train_settings
+
+    assert REWARDS["dapo_strict"] is dapo_strict
+    with pytest.raises(ValueError, match="train.reward: unknown reward 'exact'"):
+        train_settings({"reward": "exact"})
     with pytest.raises(ValueError, match="answer"):
         dapo_strict(completions=["x"])
 

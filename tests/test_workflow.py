@@ -105,6 +105,26 @@ def test_tiny_dry_run_is_offline_arith_unless_data_dir(tmp_path):
     assert job_counts(res.stdout)["evaluate"] == n_models * (n_methods + 1) * 7 * 2  # + the six real ones
 
 
+def test_own_benchmark_and_setting_are_one_config_entry_each(tmp_path):
+    """A study's own benchmark file and sampling setting: planned, its file an input, labels rerun nothing."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "gsm_tiny.jsonl").write_text('{"id": "g0", "problem": "1 + 1?", "answer": "2"}\n')
+    extra = tmp_path / "own.yaml"
+    extra.write_text("eval:\n  benchmarks: {gsm_tiny: {file: data/gsm_tiny.jsonl, label: GSM tiny, samples: 2}}\n"
+                     "  settings: {t0.6_p0.95: {temperature: 0.6, top_p: 0.95, label: T0.6}}\n")
+    res = snakemake("-n", "--quiet", "rules", "--configfile", TINY, extra, "--", "results/table.md", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    tiny = yaml.safe_load(TINY.read_text())
+    n_models, n_methods = len(tiny["workflow"]["models"]), len(tiny["methods"])
+    # arith and gsm_tiny (the real ones need a data_dir in the miniature) x the paper's two settings + t0.6_p0.95
+    assert job_counts(res.stdout)["evaluate"] == n_models * (n_methods + 1) * 2 * 3
+    outputs = planned_outputs(tmp_path, "--configfile", TINY, extra)
+    assert any(f.endswith("/gsm_tiny/t0.6_p0.95.summary.json") for f in outputs)
+    (tmp_path / "data" / "gsm_tiny.jsonl").unlink()
+    res = snakemake("-n", "--configfile", TINY, extra, "--", "results/table.md", cwd=tmp_path)
+    assert res.returncode != 0 and "data/gsm_tiny.jsonl" in res.stdout + res.stderr
+
+
 def test_workflow_models_selects_a_subset(tmp_path):
     extra = tmp_path / "one.yaml"
     extra.write_text("workflow: {models: [qwen3-8b-base], eval_every: null}\n")
@@ -125,7 +145,8 @@ def test_train_jobs_launch_accelerate_on_multi_gpu(tmp_path):
     ({"stuy": "typo"}, "stuy: unknown key"),
     ({"workflow": {"eval_bse": True}}, "workflow.eval_bse: unknown key"),
     ({"methods": {"stapo": {"objective": "stapo", "tau": 0.1}}}, "methods.stapo.tau: unknown key"),
-    ({"eval": {"settings": {"t1.0_p0.95": {"temperature": 1.0, "top_p": 0.95}}}}, "eval.settings: 't1.0_p0.95' is"),
+    ({"eval": {"benchmarks": {"gsm_tiny": {"samples": 2}}}}, "eval.benchmarks.gsm_tiny: not a shipped benchmark"),
+    ({"eval": {"settings": {"t0.6": {"temperature": 0.6}}}}, "eval.settings.t0.6: 'top_p' is a required property"),
     ({"models": {"qwen3-8b-base": {"spec": "Qwen/Qwen3-8B-Base", "gpu": 8}}}, "models.qwen3-8b-base.gpu: unknown key"),
 ])
 def test_schema_rejects_bad_key_before_any_job(tmp_path, patch, message):
@@ -171,6 +192,8 @@ def test_a_dry_run_with_another_config_cannot_change_a_planned_job(tmp_path):
 
 def test_configfile_is_the_study_not_an_overlay_of_the_paper(tmp_path):
     """Point 6: a 2-method, 1-model study plans 2 training jobs (it planned the paper's 4 methods x 3 models)."""
+    (tmp_path / "configs").mkdir()  # the paper's study where the workflow would find it: --configfile must win
+    (tmp_path / "configs" / "paper.yaml").write_text(PAPER.read_text())
     study = yaml.safe_load(TINY.read_text())
     study["methods"] = {k: study["methods"][k] for k in ("justrl", "stapo")}
     own = tmp_path / "two.yaml"
@@ -186,9 +209,14 @@ def test_configfile_is_the_study_not_an_overlay_of_the_paper(tmp_path):
 
 
 def readme_snakemake_commands() -> list[str]:
-    """The README's `snakemake --cores all --configfile ...` commands, as written."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    return sorted(set(re.findall(r"snakemake --cores all --configfile [^`\n]+", text)))
+    """The `snakemake --cores all --configfile ...` commands of the README and docs/internals.md, as written: inline
+    code (wrapped lines joined) and code-block lines."""
+    found = set()
+    for doc in (REPO / "README.md", REPO / "docs" / "internals.md"):
+        text = doc.read_text(encoding="utf-8")
+        found.update(re.findall(r"`(snakemake --cores all --configfile [^`]+)`", text))
+        found.update(re.findall(r"^(snakemake --cores all --configfile [^`\n]+)$", text, re.M))
+    return sorted({" ".join(c.split()) for c in found})
 
 
 def test_readme_commands_run_as_written(tmp_path):
