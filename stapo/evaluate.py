@@ -63,7 +63,9 @@ def load_eval_section(recipe: str | Path | None) -> EvalSection:
     """
     if recipe is None:
         return EvalSection()
-    return study.read(recipe, required=("eval",)).eval  # the whole file, as every entry point checks it
+    # the whole file's structure and every section's values; not its training runs (their models need not exist
+    # yet, e.g. benchmarks/gpu_check.py's recipe names the model it builds later)
+    return study.read(recipe, required=("eval",), check_runs=False).eval
 
 
 def resolve_config(args: argparse.Namespace) -> EvalConfig:
