@@ -257,8 +257,12 @@ def test_end_to_end_every_local_benchmark(tmp_path, setting):
             (f"{'minerva_math' if bench == 'minerva' else bench}-{i:04d}", k) for i in range(3) for k in range(2)]
         assert all(set(r) == {"problem_id", "sample", "completion", "extracted", "gold", "correct", "status",
                               "correct_fallback", "extracted_fallback", "tokens", "truncated"} for r in recs)
-        # a random 8-token model: no box, every completion hits the cap
-        assert s["truncation_rate"] == 100.0 and all(r["truncated"] and r["tokens"] >= 8 for r in recs)
+        # a random model with 8 new tokens: no box, the completions hit the cap. `truncated` is the re-tokenised
+        # length reaching it, and re-tokenising 8 random sampled tokens can merge them into 7 (the sampling seeds
+        # follow the weights' content hash), so not every one need count
+        assert all(r["truncated"] == (r["tokens"] >= 8) for r in recs)
+        assert s["truncation_rate"] == pytest.approx(100 * sum(r["truncated"] for r in recs) / len(recs))
+        assert s["truncation_rate"] >= 50
 
 
 def _own_benchmark(tmp_path: Path) -> Path:
