@@ -12,7 +12,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_write", "atomic_write_json", "atomic_dir", "append_line"]
+__all__ = ["atomic_write", "atomic_write_json", "atomic_dir", "append_line", "check_creatable_dir"]
 
 
 def _umask() -> int:
@@ -79,3 +79,18 @@ def atomic_dir(path: str | os.PathLike):
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_creatable_dir(path: str | os.PathLike) -> None:
+    """OSError (one line naming the culprit) unless ``path`` is, or can be created as, a writable directory.
+    Creates nothing."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{path} exists and is not a directory")
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise NotADirectoryError(f"cannot create {path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot create or write {path}: {parent} is not writable")

@@ -1,7 +1,11 @@
-"""``stapo`` console script: one subcommand per stage (train, eval, report), each owned by its module.
+"""``stapo`` console script: one subcommand per stage (train, eval, report, plan), each owned by its module.
 
-Subcommand modules are imported lazily so that ``stapo --help`` stays fast and a stage's heavy imports
-(TRL, lm-eval) are paid only by the stage that needs them.
+Every user error is one line on stderr, exit status 2, and arrives before any heavy import or model load: the
+arguments are parsed first (argparse's own errors too are one line), then the whole study file is validated
+(stapo.study.parse, the one validation every entry point runs), then what the command writes is checked and locked
+(one writer per run directory / evaluation output, stapo.lock), and only then is the stage's module imported
+(``stapo train``'s trainer pulls in torch and TRL, ~10-40 s). ``--debug`` (anywhere) or ``STAPO_DEBUG=1`` shows
+the traceback of a user error too.
 """
 
 from __future__ import annotations
@@ -10,11 +14,15 @@ import argparse
 import importlib
 import os
 import sys
+from contextlib import ExitStack
+from pathlib import Path
 
 from stapo import study
-from stapo.errors import UserError
+from stapo.atomic import check_creatable_dir
+from stapo.errors import ArgumentParser, UserError
 
-# subcommand -> (module, one-line help); each module exposes add_arguments(parser) and run(args) -> int
+# subcommand -> (module, one-line help); each module exposes run(args) -> int, and add_arguments(parser) except
+# the trainer, whose module is heavy: its arguments are defined here (train_arguments)
 SUBCOMMANDS = {
     "train": ("stapo.trainer", "train one (model, method) with the paper's recipe (TRL GRPOTrainer)"),
     "eval": ("stapo.evaluate", "evaluate a model on one benchmark at one sampling setting (lm-eval)"),
@@ -24,50 +32,92 @@ SUBCOMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one subcommand; a UserError (bad config, missing file ...) is one line on stderr and exit status 2.
-
-    ``--debug`` (anywhere in argv) or ``STAPO_DEBUG=1`` re-raises it with its traceback.
-    """
+    """Run one subcommand; a UserError (bad argument, config, missing file, busy output ...) is one line on stderr
+    and exit status 2. ``--debug`` (anywhere in argv) or ``STAPO_DEBUG=1`` re-raises it with its traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("STAPO_DEBUG", "0") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
+    name = argv[0] if argv and argv[0] in SUBCOMMANDS else ""
     try:
-        _precheck(argv)
-        return _run(argv)
+        with ExitStack() as held:
+            args = parse_args(argv)
+            precheck(args, held)
+            return int(importlib.import_module(SUBCOMMANDS[args.command][0]).run(args) or 0)
     except UserError as err:
         if debug:
             raise
-        name = argv[0] if argv and argv[0] in SUBCOMMANDS else ""
-        print(f"stapo {name}: error: " + " ".join(str(err).split("\n")), file=sys.stderr)
+        print((f"stapo {name}: error: " if name else "stapo: error: ") + " ".join(str(err).split()), file=sys.stderr)
         return 2
 
 
-def _precheck(argv: list[str]) -> None:
-    """stapo train: validate the study and the (model, method) run before the trainer's imports (torch, TRL)."""
-    if not argv or argv[0] != "train":
-        return
-    pre = argparse.ArgumentParser(add_help=False)
-    for flag in ("--recipe", "--model", "--method"):
-        pre.add_argument(flag)
-    known = pre.parse_known_args(argv[1:])[0]
-    if known.recipe:
-        recipe = study.read(known.recipe, required=study.TRAIN_SECTIONS, check_runs=False)
-        if known.model and known.method:
-            recipe.plan(known.model, known.method)
-
-
-def _run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="stapo", description=__doc__.splitlines()[0])
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line, parsed without importing any stage's heavy dependencies."""
+    parser = ArgumentParser(prog="stapo", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show the traceback of configuration errors too "
                         "(or STAPO_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     for cmd, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(cmd, help=help_text)
-        if cmd == name:  # import only the module that runs
+        if cmd == name == "train":
+            train_arguments(p)
+        elif cmd == name:  # only the subcommand that runs defines (and imports) its arguments
             importlib.import_module(module).add_arguments(p)
-    args = parser.parse_args(argv)
-    return int(importlib.import_module(SUBCOMMANDS[args.command][0]).run(args) or 0)
+    return parser.parse_args(argv)
+
+
+def precheck(args: argparse.Namespace, held: ExitStack) -> None:
+    """Everything checkable before the stage loads: the study, the arguments' values, the output (locked)."""
+    if args.command == "train":
+        _precheck_train(args, held)
+
+
+# ------------------------------------------------------------------------------------------------- train
+
+
+def train_arguments(parser: argparse.ArgumentParser) -> None:
+    """``stapo train`` options (stapo.trainer.run)."""
+    parser.add_argument("--recipe", required=True, help="recipe YAML (configs/paper.yaml, configs/tiny.yaml)")
+    parser.add_argument("--model", required=True, help="model KEY in the recipe's models section")
+    parser.add_argument("--method", required=True, help="method KEY in the recipe's methods section")
+    parser.add_argument("--out", required=True, help="run directory (metrics.jsonl, checkpoint-N/, final/)")
+    parser.add_argument("--max-steps", type=int, default=None, help="override train.max_steps (rollout steps)")
+    parser.add_argument("--seed", type=int, default=None, help="override train.seed")
+    parser.add_argument("--restart", action="store_true",
+                        default=os.environ.get("STAPO_RESTART", "0") not in ("", "0"),
+                        help="the run directory was started with another config: move that run aside "
+                             "(DIR/superseded-<time>/) and start afresh, instead of refusing (or STAPO_RESTART=1, "
+                             "e.g. for the jobs of a Snakemake run)")
+
+
+def world_size() -> int:
+    """Processes of this launch, from the launcher's environment (accelerate / torchrun set WORLD_SIZE)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def is_rank_zero() -> bool:
+    return int(os.environ.get("RANK", "0") or 0) == 0
+
+
+def _precheck_train(args: argparse.Namespace, held: ExitStack) -> None:
+    """The study (every section and cross-section rule), this run's plan and TRL batch split, ``--out``; then
+    rank 0 creates and locks the run directory. No torch."""
+    recipe = study.read(args.recipe, required=study.TRAIN_SECTIONS)
+    plan = recipe.plan(args.model, args.method, max_steps=args.max_steps, seed=args.seed)
+    try:
+        study.accumulation(plan.settings, world_size())
+    except ValueError as err:
+        raise study.StudyError(f"{args.recipe}: {err}") from None
+    out = Path(args.out)
+    try:
+        check_creatable_dir(out)
+    except OSError as err:
+        raise UserError(f"--out: {err}") from None
+    if is_rank_zero():
+        from stapo.lock import run_lock
+
+        out.mkdir(parents=True, exist_ok=True)
+        held.enter_context(run_lock(out))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,18 @@ UserError too.
 
 from __future__ import annotations
 
-__all__ = ["UserError"]
+import argparse
+
+__all__ = ["UserError", "ArgumentParser"]
 
 
 class UserError(Exception):
     """A fixable mistake in the user's input; ``str(err)`` is the whole message (one line, names the culprit)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line, without the usage block: ``stapo train: error: the following arguments
+    are required: --recipe (see stapo train --help)``, exit status 2. Subparsers inherit it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")

@@ -9,8 +9,9 @@ stapo/tasks, through a resumable, seeded cache next to the output (stapo.generat
 generates only what is missing and gets the completions an uninterrupted run would have got.
 
 Everything that can be checked without the model is checked first (the recipe, verifier settings included, when
-it is read; then ``preflight``: the benchmark file, ``--out``, the cache), so a bad input fails in seconds with one
-line naming the file.
+it is read, and the numeric options; ``--out``, then its lock: one writer per output; then ``preflight``: the
+benchmark file, the cache; then ``check_model``: the spec, and a checkpoint's or final/'s SHA-256 manifest), so a
+bad input fails in seconds with one line naming the file or the option.
 
 Grading (stapo.grading; README "How scores are computed"): the reported verdict is strict (the final ``\\boxed{}``
 only); the lenient fallback is kept per sample as a diagnostic. With ``eval.verifier`` set, an LLM verifier
@@ -34,18 +35,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from stapo import study
-from stapo.atomic import atomic_write, atomic_write_json
-from stapo.generation import GenerationCache, cache_path, generate, with_stop_tokens
+from stapo import manifest, study
+from stapo.atomic import atomic_write, atomic_write_json, check_creatable_dir
+from stapo.errors import UserError
+from stapo.lock import Busy, output_lock, run_lock
+from stapo.manifest import COMPLETE, FINAL_COMPLETE
 from stapo.grading import grade
-from stapo.models import resolve_model
+from stapo.models import check_spec, resolve_model
 from stapo.scoring import build_records, summarize
 from stapo.study.evaluation import BACKENDS, EvalConfig, EvalSection
 from stapo.tasks.registry import BENCHMARKS, SETTINGS, _tokenizer, benchmark_file, read_benchmark_file
-from stapo.verifier import apply_verifier
 
 __all__ = ["add_arguments", "run", "EvalInputError", "load_eval_section", "resolve_config", "preflight",
-           "grade_records", "summary_path"]
+           "grade_records", "summary_path", "check_model"]
 
 log = logging.getLogger("stapo.eval")
 
@@ -61,12 +63,17 @@ def load_eval_section(recipe: str | Path | None) -> EvalSection:
     """
     if recipe is None:
         return EvalSection()
+    # the whole file's structure and every section's values; not its training runs (their models need not exist
+    # yet, e.g. benchmarks/gpu_check.py's recipe names the model it builds later)
     return study.read(recipe, required=("eval",), check_runs=False).eval
 
 
 def resolve_config(args: argparse.Namespace) -> EvalConfig:
     """Recipe values, overridden by the command line; unknown benchmark/setting names raise naming the key."""
     section = load_eval_section(args.recipe)
+    _at_least_one(samples=args.samples, limit=args.limit, max_new_tokens=args.max_new_tokens)
+    if not args.grade_timeout > 0:
+        raise EvalInputError(f"--grade-timeout: must be > 0 seconds, got {args.grade_timeout}")
     if not section.known(args.benchmark):
         raise study.StudyError(f"--benchmark: unknown benchmark {args.benchmark!r}; expected one of "
                                f"{sorted(set(BENCHMARKS) | set(section.benchmarks))} (a study's own benchmark "
@@ -97,8 +104,14 @@ def resolve_config(args: argparse.Namespace) -> EvalConfig:
 # ------------------------------------------------------------------------------------------------ preflight
 
 
-class EvalInputError(ValueError):
+class EvalInputError(UserError, ValueError):
     """A bad input found before any model loads; the message (one line) names the file or the key."""
+
+
+def _at_least_one(**values) -> None:
+    for flag, value in values.items():
+        if value is not None and value < 1:
+            raise EvalInputError(f"--{flag.replace('_', '-')}: must be >= 1, got {value}")
 
 
 def _check_benchmark_data(cfg: EvalConfig) -> None:
@@ -123,12 +136,52 @@ def _check_writable(out: Path) -> None:
     if out.is_dir():
         raise EvalInputError(f"--out: {out} is a directory")
     try:
+        check_creatable_dir(out.parent)
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
-        raise EvalInputError(f"--out: cannot write in {out.parent} ({err.strerror})") from None
+        why = str(err) if err.strerror is None else f"cannot write in {out.parent} ({err.strerror})"
+        raise EvalInputError(f"--out: {why}") from None
+
+
+def _check_spec(spec: str) -> None:
+    """``--model`` names a model: a bundled name, a hub id, or a local directory with a config and weights."""
+    try:
+        check_spec(str(spec))
+    except (ValueError, OSError) as err:
+        raise EvalInputError(f"--model: {str(err).removeprefix('model: ')}") from None
+    path = Path(spec)
+    if path.is_dir() and not any((path / w).is_file() for w in manifest.WEIGHTS):
+        raise EvalInputError(f"--model: {path} has no weights file (one of {', '.join(manifest.WEIGHTS)})")
+
+
+def check_model(spec: str) -> dict[str, str]:
+    """``--model`` names a model (stapo.models.check_spec), and a saved checkpoint or final/ directory is what was
+    saved: its manifest's sizes and SHA-256 (stapo.manifest). Returns the digests it computed (the cache key reuses
+    them). A damaged final/ of a run directory is moved aside (``final.damaged-<UTC time>``, under the run's lock)
+    so that the workflow's training rule, whose output final/ is, reruns: ``stapo train`` rebuilds it from the
+    run's last intact checkpoint."""
+    _check_spec(spec)
+    path = Path(spec)
+    sentinel = next((s for s in (FINAL_COMPLETE, COMPLETE) if (path / s).is_file()), None)
+    if not path.is_dir() or sentinel is None:
+        return {}
+    found, digests = manifest.verify(path, sentinel, content=manifest.model_files(path))  # not optimizer state
+    if not found:
+        return digests
+    what = f"--model: {path} is damaged ({'; '.join(found)})"
+    if sentinel == FINAL_COMPLETE and path.name == "final" and (path.parent / "config.yaml").is_file():
+        aside = path.with_name(time.strftime("final.damaged-%Y%m%dT%H%M%SZ", time.gmtime()))
+        try:
+            with run_lock(path.parent):
+                os.replace(path, aside)
+        except Busy:
+            raise EvalInputError(f"{what}; its run directory is being trained into") from None
+        raise EvalInputError(f"{what}; moved it to {aside}: rerun the training (Snakemake reruns the train rule; "
+                             "stapo train rebuilds final/ from the last intact checkpoint)")
+    raise EvalInputError(what)
 
 
 def preflight(cfg: EvalConfig, out: Path) -> "GenerationCache":
@@ -136,10 +189,13 @@ def preflight(cfg: EvalConfig, out: Path) -> "GenerationCache":
 
     Raises EvalInputError (one line naming the file): missing data dir or benchmark file, a row without
     ``answer`` (or id/problem), an empty file, invalid JSON, an unwritable ``--out``, a cache file that is not a
-    sqlite database. (The recipe itself, ``eval.verifier`` included, was checked by ``resolve_config``.)
+    sqlite database. (The recipe itself, ``eval.verifier`` included, was checked by ``resolve_config``; the model
+    is checked by :func:`check_model`.)
     """
     _check_benchmark_data(cfg)
     _check_writable(out)
+    from stapo.generation import GenerationCache, cache_path  # lm-eval: imported once the inputs are checked
+
     cache = cache_path(out)
     try:
         return GenerationCache(cache)
@@ -177,13 +233,25 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cfg = resolve_config(args)
     out = Path(args.out)
+    _check_spec(args.model)
+    _check_benchmark_data(cfg)
+    _check_writable(out)
+    with output_lock(out):  # one writer per evaluation output (and its cache)
+        return _evaluate(args, cfg, out)
+
+
+def _evaluate(args: argparse.Namespace, cfg: EvalConfig, out: Path) -> int:
+    from stapo.generation import generate, with_stop_tokens
+    from stapo.verifier import apply_verifier
+
     store = preflight(cfg, out)  # before any model loads: bad inputs fail in seconds
     try:
+        known = check_model(args.model)  # reads a checkpoint in full (its SHA-256s)
         model_path = resolve_model(args.model)
         tokenizer = _tokenizer(model_path)
         cfg = with_stop_tokens(cfg, tokenizer)
         t0 = time.monotonic()
-        problems, stats = generate(cfg, model_path, store)
+        problems, stats = generate(cfg, model_path, store, known)
         t1 = time.monotonic()
         records = grade_records(problems, cfg, tokenizer, args.grade_timeout)
         verifier = None

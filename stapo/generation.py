@@ -2,8 +2,8 @@
 
 lm-eval's own request cache skips sampled requests (every repeat would be identical), so generations go through
 :class:`ResumableLM`: a sqlite cache next to the output (``FILE.cache.sqlite``, :class:`GenerationCache`) keyed by
-the weights' fingerprint (:func:`model_fingerprint`), every generation parameter (backend, its settings, seed, stop
-tokens, sampling) and (prompt, repeat index), committed chunk by chunk. A killed evaluation, rerun, generates only
+the weights' fingerprint (:func:`model_fingerprint`: SHA-256 of their content), every generation parameter
+(backend, its settings, seed, stop tokens, sampling) and (prompt, repeat index), committed chunk by chunk. A killed evaluation, rerun, generates only
 what is missing, and gets the completions an uninterrupted run would have got (per-chunk seeds on ``hf``,
 per-request seeds on ``vllm``; see ResumableLM). Generation stops at every end-of-turn token of the model's
 tokenizer (:func:`with_stop_tokens`; Qwen3-Base's EOS is ``<|endoftext|>`` but its chat template ends a turn with
@@ -20,6 +20,7 @@ import sqlite3
 from collections import Counter
 from pathlib import Path
 
+from stapo.manifest import digests, model_files
 from stapo.models import end_of_turn_token_ids, end_of_turn_tokens
 from stapo.study.evaluation import EvalConfig
 from stapo.tasks.registry import TASKS_DIR, task_name
@@ -38,22 +39,23 @@ def cache_path(out: Path) -> Path:
     return out.with_name(out.name + ".cache.sqlite")
 
 
-# Files whose bytes decide what a checkpoint generates (weights, their index, config, tokenizer).
-_FINGERPRINT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".model", ".txt", ".jinja")
+def model_fingerprint(model_path: str, known: dict[str, str] | None = None) -> str:
+    """A cache key for the weights behind ``model_path`` (not its name, size or mtime).
 
-
-def model_fingerprint(model_path: str) -> str:
-    """A cache key for the weights behind ``model_path`` (not its name).
-
-    Local directory: sha256 over (name, size, mtime_ns) of its weight, index, config and tokenizer files, so
-    replacing a checkpoint at the same path (a rerun of training) changes the key; copying one only costs a
-    regeneration. Hub id: the id and the cached snapshot's commit when the HF cache has one (``HF_HUB_OFFLINE``
-    runs use exactly that snapshot), else the id alone.
+    Local directory: sha256 over (name, SHA-256 of the content) of its weight, index, config and tokenizer files
+    (stapo.manifest.model_files; a checkpoint's optimizer state is not read), so different weights at the same path
+    regenerate even with the same sizes and restored mtimes; copying a checkpoint keeps its cache. ``known``:
+    digests already computed for this directory's files (stapo eval's preflight verifies a checkpoint's manifest,
+    which reads those files: they are not read twice). Hub id: the id
+    and the cached snapshot's commit when the HF cache has one (``HF_HUB_OFFLINE`` runs use exactly that
+    snapshot), else the id alone.
     """
     path = Path(model_path)
     if path.is_dir():
-        entries = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir()
-                         if p.is_file() and p.suffix in _FINGERPRINT_SUFFIXES)
+        names = model_files(path)
+        known = known or {}
+        fresh = digests(path, [n for n in names if n not in known])
+        entries = [(n, known.get(n) or fresh[n]) for n in names]
         return "sha256:" + hashlib.sha256(json.dumps(entries).encode()).hexdigest()
     try:
         from huggingface_hub import try_to_load_from_cache
@@ -198,9 +200,10 @@ def build_lm(cfg: EvalConfig, model_path: str):
 SEEDING = {"hf": "chunk", "vllm": "request"}  # ResumableLM: how each backend is made resumable-deterministic
 
 
-def generation_identity(cfg: EvalConfig, model_path: str) -> dict:
-    """Everything besides (prompt, gen kwargs, repeat) that decides a completion: part of every cache key."""
-    return {"model": model_fingerprint(model_path), "backend": cfg.backend, "backend_args": cfg.backend_args,
+def generation_identity(cfg: EvalConfig, model_path: str, known: dict[str, str] | None = None) -> dict:
+    """Everything besides (prompt, gen kwargs, repeat) that decides a completion: part of every cache key
+    (``known``: :func:`model_fingerprint`'s already computed file digests)."""
+    return {"model": model_fingerprint(model_path, known), "backend": cfg.backend, "backend_args": cfg.backend_args,
             "seed": cfg.seed, "max_length": cfg.max_new_tokens + MAX_PROMPT_TOKENS, "seeding": SEEDING[cfg.backend]}
 
 
@@ -209,12 +212,14 @@ def with_stop_tokens(cfg: EvalConfig, tokenizer) -> EvalConfig:
     return dataclasses.replace(cfg, stop=end_of_turn_tokens(tokenizer), stop_ids=end_of_turn_token_ids(tokenizer))
 
 
-def generate(cfg: EvalConfig, model_path: str, store: GenerationCache) -> tuple[list[dict], dict]:
-    """Run lm-eval; one entry per problem {problem_id, problem, gold, completions[N]} and the cache stats."""
+def generate(cfg: EvalConfig, model_path: str, store: GenerationCache,
+             known: dict[str, str] | None = None) -> tuple[list[dict], dict]:
+    """Run lm-eval; one entry per problem {problem_id, problem, gold, completions[N]} and the cache stats
+    (``known``: SHA-256 of the model's files, already verified by the caller)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    lm = ResumableLM(build_lm(cfg, model_path), None, generation_identity(cfg, model_path),
+    lm = ResumableLM(build_lm(cfg, model_path), None, generation_identity(cfg, model_path, known),
                      CHUNK_REQUESTS[cfg.backend], SEEDING[cfg.backend], store=store)
     meta = {"data_dir": cfg.data_dir, "tokenizer": model_path, "arith": cfg.arith or None, "name": cfg.benchmark,
             "file": None if cfg.file is None else str(Path(cfg.file).resolve())}

@@ -39,6 +39,7 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -50,11 +51,15 @@ from multiprocessing.connection import wait
 from stapo.answers import MAX_COMPLETION_CHARS, TOO_LONG, extract_answer, final_box, last_number, normalize_answer, \
     normalize_notation
 
-__all__ = ["Grade", "grade", "grade_one", "default_workers", "shutdown"]
+__all__ = ["Grade", "grade", "grade_one", "default_workers", "shutdown", "MAX_INT_DIGITS"]
 
 WORKER_MEMORY_BYTES = 3 << 30  # RLIMIT_AS per worker
 PIPELINE_DEPTH = 3  # jobs queued per worker
 HARD_GRACE = 1.0  # s past an answer's deadline before the parent kills a worker that did not stop on its own
+# Integers are compared exactly up to this many digits (Python's default int<->str limit is 4,300: a gold of
+# 10^10000 written out would not parse). Converting 10^5 digits costs ~0.3 s (3.11, quadratic); longer integers
+# stay unparsable (wrong, status "unparsable" or "ok" with a string comparison), bounded by the deadline.
+MAX_INT_DIGITS = 100_000
 
 
 @dataclass(frozen=True)
@@ -145,11 +150,22 @@ def _choose(verdicts: dict, strict: bool) -> Grade:
                  verdicts["fallback_correct"], verdicts["fallback_extracted"])
 
 
+@contextmanager
+def _int_digits(limit: int):
+    """Python's int/str conversion limit raised to ``limit`` digits while the block runs."""
+    previous = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(limit)
+    try:
+        yield
+    finally:
+        sys.set_int_max_str_digits(previous)
+
+
 def _grade_parts(box: str | None, tail: str, gold: str, timeout: float) -> dict:
     """Both verdicts for one completion; the fallback runs only when there is no usable final box."""
     too_long = box == _TOO_LONG_MARK
     try:
-        with _deadline(timeout):
+        with _deadline(timeout), _int_digits(MAX_INT_DIGITS):
             if box is not None and not too_long:
                 ok, extracted, status = _verify(normalize_notation(box), gold, normalize=True)
                 return dict(correct=ok, extracted=box, status=status, fallback_correct=ok,

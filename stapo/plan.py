@@ -121,13 +121,14 @@ def parse_summary(text: str) -> Jobs:
 def workflow_jobs(configfiles: list[str | Path], snakefile: str | Path = "Snakefile",
                   target: str = "results/table.md") -> tuple[Jobs, Study]:
     """(jobs, resolved study) of the from-scratch DAG for ``target``, built by the workflow in a scratch dir."""
-    snakefile = Path(snakefile).resolve()
-    if not snakefile.is_file():
-        raise FileNotFoundError(f"--snakefile: {snakefile} not found (run from the repository root)")
     files = [Path(f).resolve() for f in configfiles]
     for f in files:
         if not f.is_file():
-            raise FileNotFoundError(f"--configfile: {f} not found")
+            raise UserError(f"--configfile: {f} not found")
+    study = resolved_config(files)  # the one validation (a bad study: one line), before the DAG is built
+    snakefile = Path(snakefile).resolve()
+    if not snakefile.is_file():
+        raise UserError(f"--snakefile: {snakefile} not found (run from the repository root)")
     snakemake = Path(sys.executable).with_name("snakemake")
     exe = [str(snakemake)] if snakemake.exists() else [sys.executable, "-m", "snakemake"]
     with tempfile.TemporaryDirectory(prefix="stapo-plan-") as scratch:
@@ -135,7 +136,7 @@ def workflow_jobs(configfiles: list[str | Path], snakefile: str | Path = "Snakef
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"snakemake --summary failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return parse_summary(proc.stdout), resolved_config(files)
+    return parse_summary(proc.stdout), study
 
 
 def resolved_config(files: list[Path]) -> Study:
@@ -372,13 +373,20 @@ def _parse_params(items: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    tp = load_throughputs(args.throughputs, rollout_tokens_per_s=args.rollout_tps,
-                          train_tokens_per_s=args.train_tps, eval_tokens_per_s=args.eval_tps,
-                          reference_params_b=args.reference_params, engine_start_s=args.engine_start,
-                          allow_cpu=args.allow_cpu_throughputs)
+    try:  # the options first: a bad one is one line, before the DAG is built
+        params = _parse_params(args.params)
+        tp = load_throughputs(args.throughputs, rollout_tokens_per_s=args.rollout_tps,
+                              train_tokens_per_s=args.train_tps, eval_tokens_per_s=args.eval_tps,
+                              reference_params_b=args.reference_params, engine_start_s=args.engine_start,
+                              allow_cpu=args.allow_cpu_throughputs)
+    except (ValueError, OSError, yaml.YAMLError) as err:
+        raise UserError(" ".join(str(err).split())) from None
     jobs, study = workflow_jobs(args.configfile, args.snakefile, args.target)
-    plan = estimate(jobs, study, tp, prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens,
-                    eval_tokens=args.eval_tokens, params=_parse_params(args.params))
+    try:
+        plan = estimate(jobs, study, tp, prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens,
+                        eval_tokens=args.eval_tokens, params=params)
+    except ValueError as err:  # a model whose size is unknown (--params)
+        raise UserError(str(err)) from None
     print(format_plan(plan))
     if args.json:
         atomic_write_json(args.json, plan)

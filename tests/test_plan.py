@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stapo.errors import UserError
+
 import stapo.plan as P
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +107,7 @@ def test_errors_name_the_fix(paper, tmp_path):
     bad.write_text("rollout_tps: 3\n")
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['rollout_tps'\]"):
         P.load_throughputs(bad)
-    with pytest.raises(FileNotFoundError, match="--configfile"):
+    with pytest.raises(UserError, match="--configfile"):  # one line from the CLI, before the DAG is built
         P.workflow_jobs([tmp_path / "nope.yaml"], ROOT / "Snakefile")
 
 

@@ -132,6 +132,100 @@ def test_sentinel_callback_writes_a_size_manifest(tmp_path):
                                      f"{manifest['files']['optimizer.pt']} were written"]
 
 
+def flip_a_bit_keeping_size_and_mtime(path: Path, offset_from_end: int = 5) -> None:
+    """Damage after the save that sizes and mtimes cannot see: one bit of the data, same size, old mtime."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def test_manifest_records_the_sha256_of_every_file(tmp_path):
+    import hashlib
+
+    ckpt = fake_checkpoint(tmp_path, 2)
+    manifest = json.loads((ckpt / rundir.COMPLETE).read_text())
+    assert set(manifest["sha256"]) == set(manifest["files"])
+    for name, digest in manifest["sha256"].items():
+        assert digest == hashlib.sha256((ckpt / name).read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("victim", ["model.safetensors", "optimizer.pt"])
+def test_same_size_bit_flip_is_found_on_resume(tmp_path, caplog, victim):
+    good = fake_checkpoint(tmp_path, 2)
+    bad = fake_checkpoint(tmp_path, 4)
+    flip_a_bit_keeping_size_and_mtime(bad / victim, offset_from_end=200 if victim == "optimizer.pt" else 5)
+    assert rundir.problems(bad, content=False) == []  # sizes and structure cannot see it
+    assert rundir.problems(bad) == [f"{victim} content differs from its SHA-256 at save time (damaged after it "
+                                    "was written)"]
+    with caplog.at_level(logging.WARNING, logger="stapo.rundir"):
+        assert rundir.prepare_resume(tmp_path) == good
+    assert not bad.exists() and f"checkpoint-4: {victim} content differs" in caplog.text
+
+
+def test_a_damaged_final_is_rebuilt(tmp_path, no_training):
+    plan = tiny_plan(max_steps=4)
+    started(tmp_path, plan)
+    fake_checkpoint(tmp_path, 4)
+    T.train(plan, tmp_path)
+    flip_a_bit_keeping_size_and_mtime(tmp_path / "final" / "model.safetensors")
+    assert rundir.final_problems(tmp_path / "final", 4) == [
+        "model.safetensors content differs from its SHA-256 at save time (damaged after it was written)"]
+    T.train(plan, tmp_path)  # not done: final/ is rebuilt from the intact checkpoint-4 (no step)
+    assert rundir.verify_final(tmp_path, 4)
+
+
+# ------------------------------------------------------------------------------------------ one writer (lock)
+
+HOLDER = """
+import sys, time
+from stapo.lock import run_lock
+with run_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_one_writer_per_run_directory_and_no_stale_lock_after_kill_9(tmp_path):
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from stapo.lock import Busy, run_lock
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(Busy) as err:
+            with run_lock(tmp_path):
+                raise AssertionError("a second writer got the lock")
+        message = str(err.value)
+        assert f"PID {proc.pid} on {socket.gethostname()}" in message and "\n" not in message
+        assert str(tmp_path / "stapo.lock") in message
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with run_lock(tmp_path):  # the kernel released it with the process: nothing stale to clean up
+        with run_lock(tmp_path):  # re-entrant in the holding process (CLI, then trainer)
+            pass
+
+
+def test_restart_keeps_the_lock_in_place(tmp_path, no_training):
+    from stapo.lock import RUN_LOCK, run_lock
+
+    started(tmp_path, tiny_plan(learning_rate=1e-5))
+    fake_checkpoint(tmp_path, 2)
+    with run_lock(tmp_path):
+        inode = (tmp_path / RUN_LOCK).stat().st_ino
+        with pytest.raises(AssertionError, match="build_trainer called"):
+            T.train(tiny_plan(learning_rate=3e-5), tmp_path, restart=True)
+        assert (tmp_path / RUN_LOCK).stat().st_ino == inode  # not moved into superseded-*/ while held
+    assert not list(tmp_path.glob("superseded-*/" + RUN_LOCK))
+
+
 # ------------------------------------------------------------------------------------------ logs (point 4)
 
 
@@ -298,3 +392,51 @@ def test_kill_between_last_checkpoint_and_final_e2e(tmp_path, monkeypatch):
     assert metric_steps(out) == [1, 2]
     a, b = load_file(str(straight / "model.safetensors")), load_file(str(final / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_two_stapo_train_into_one_dir_one_refuses_and_kill_9_leaves_no_stale_lock(tmp_path):
+    """The acceptance check: a second `stapo train` into a directory being trained refuses at once naming the
+    holder; after kill -9 of the first (past its first checkpoint) a rerun proceeds, resumes and finishes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from stapo.lock import RUN_LOCK, holder
+
+    recipe = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    recipe["workflow"]["models"] = ["tiny-qwen3"]
+    recipe["train"].update(dataset={"name": "synthetic-arith", "n": 16, "difficulty": 1, "seed": 0}, max_steps=3,
+                           save_steps=1, save_total_limit=None, prompts_per_generation=2, num_generations=4,
+                           prompts_per_step=2, per_device_train_batch_size=4, max_completion_length=8,
+                           diagnostics_every=0)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "run"
+    argv = [str(Path(sys.executable).parent / "stapo"), "train", "--recipe", str(path), "--model", "tiny-qwen3",
+            "--method", "stapo", "--out", str(out)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while holder(out / RUN_LOCK).get("pid") != first.pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+        start = time.monotonic()
+        second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        refused_in = time.monotonic() - start
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoint-1" / rundir.COMPLETE).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    print(f"second stapo train refused in {refused_in:.2f} s: {second.stderr.strip()}")
+    assert second.returncode == 2 and f"is in use by PID {first.pid}" in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1 and refused_in < 5
+    assert (out / "checkpoint-1" / rundir.COMPLETE).exists() and not (out / "final").exists()
+    kept = (out / "checkpoint-1" / rundir.COMPLETE).stat().st_mtime_ns
+    rerun = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)  # the lock died with it
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rundir.verify_final(out, 3) and metric_steps(out) == [1, 2, 3]
+    assert (out / "checkpoint-1" / rundir.COMPLETE).stat().st_mtime_ns == kept  # resumed from it, not redone

@@ -94,8 +94,13 @@ def test_tiny_dry_run_is_offline_arith_unless_data_dir(tmp_path):
     tiny = yaml.safe_load(TINY.read_text())
     n_models, n_methods = len(tiny["workflow"]["models"]), len(tiny["methods"])
     assert job_counts(res.stdout)["evaluate"] == n_models * (n_methods + 1) * 2  # arith only, both settings
+    import shutil
+
+    from stapo.tasks.registry import BUNDLED_DATA_DIR
+
+    benchmarks = shutil.copytree(BUNDLED_DATA_DIR, tmp_path / "benchmarks")  # a data_dir must hold the files
     data = tmp_path / "data.yaml"
-    data.write_text("eval: {data_dir: /some/benchmarks}\n")
+    data.write_text(f"eval: {{data_dir: {benchmarks}}}\n")
     res = snakemake("-n", "--quiet", "rules", "--configfile", TINY, data, "--", "results/table.md", cwd=tmp_path)
     assert job_counts(res.stdout)["evaluate"] == n_models * (n_methods + 1) * 7 * 2  # + the six real ones
 
@@ -130,7 +135,8 @@ def test_workflow_models_selects_a_subset(tmp_path):
 def test_train_jobs_launch_accelerate_on_multi_gpu(tmp_path):
     res = snakemake("-n", "-p", "--configfile", PAPER, "--", "runs/qwen3-8b-base/stapo/final", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert "accelerate launch --config_file configs/accelerate/" in res.stdout
+    # the study's relative path, found beside the Snakefile when the working directory (-d) does not hold it
+    assert f"accelerate launch --config_file {REPO}/configs/accelerate/" in res.stdout
     assert re.search(r"-m stapo\.cli train --recipe results/recipes/[0-9a-f]{16}\.yaml --model qwen3-8b-base "
                      r"--method stapo", res.stdout)
 
@@ -200,6 +206,48 @@ def test_configfile_is_the_study_not_an_overlay_of_the_paper(tmp_path):
     extra.write_text("methods: {grpo: {objective: grpo}}\n")
     res = snakemake("-n", "--quiet", "rules", "--configfile", own, extra, "--", "results/table.md", cwd=tmp_path)
     assert job_counts(res.stdout)["train"] == 3
+
+
+def readme_snakemake_commands() -> list[str]:
+    """The `snakemake --cores all --configfile ...` commands of the README and docs/internals.md, as written: inline
+    code (wrapped lines joined) and code-block lines."""
+    found = set()
+    for doc in (REPO / "README.md", REPO / "docs" / "internals.md"):
+        text = doc.read_text(encoding="utf-8")
+        found.update(re.findall(r"`(snakemake --cores all --configfile [^`]+)`", text))
+        found.update(re.findall(r"^(snakemake --cores all --configfile [^`\n]+)$", text, re.M))
+    return sorted({" ".join(c.split()) for c in found})
+
+
+def test_readme_commands_run_as_written(tmp_path):
+    """Each README `snakemake --configfile ...` command, dry-run in a directory holding what it names (configs/,
+    the steps.yaml it describes): every one plans its target (--configfile used to swallow it)."""
+    commands = readme_snakemake_commands()
+    assert len(commands) >= 2, commands
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    (tmp_path / "steps.yaml").write_text("train: {max_steps: 30}\n")  # as the README describes it
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1"}
+    for command in commands:
+        argv = command.split()
+        assert argv[-1] == "results/table.md", command
+        res = subprocess.run([str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-n", "--quiet", "rules",
+                              *argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, f"{command}\n{res.stderr[-2000:]}"
+        assert job_counts(res.stdout)["report"] == 1, command  # the target's DAG, not just the default
+    # the README's own shape of the mistake fails: a target right after the config files is read as one
+    wrong = readme_snakemake_commands()[0].replace(" -- results/table.md", " results/table.md").split()
+    res = subprocess.run([str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-n", *wrong[1:]], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0
+
+
+def test_workdir_without_configfile_runs_the_paper_study(tmp_path):
+    """`snakemake -d DIR` from anywhere: configs/paper.yaml is found beside the Snakefile, not inside DIR."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = snakemake("-n", "--quiet", "rules", cwd=elsewhere)  # -d elsewhere, cwd elsewhere: no configs/ there
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert job_counts(res.stdout)["train"] == 12
 
 
 STUB = """#!/bin/sh

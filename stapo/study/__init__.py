@@ -13,7 +13,8 @@ A study has six sections, each a dataclass whose fields are documented where the
 :func:`parse` is the one validation: YAML syntax (:func:`load`, file:line:column), then the structure against the
 JSON schema ``workflow/schemas/config.schema.yaml`` (unknown keys at every level, types, the names of
 ``stapo.names``), then every section's values (the dataclasses' checks) and the cross-section rules (every
-(model, method) plan and its TRL batch split, model specs, workflow checkpoints). No torch: ``stapo train``,
+(model, method) plan and its TRL batch split, model specs; the checkpoints the workflow evaluates, named or
+``eval_every``, are ones the run saves and keeps; a local ``eval.data_dir`` holds every evaluated benchmark). No torch: ``stapo train``,
 ``stapo eval``, ``stapo plan`` and the Snakefile (so ``snakemake -n``) run it before any model loads, and any error
 is a :class:`StudyError` whose one line names the file and the key.
 """
@@ -35,9 +36,10 @@ from stapo.schedule import optimizer_steps_per_rollout
 from stapo.study.evaluation import EvalSection
 from stapo.study.objective import OBJECTIVES, ObjectiveConfig, get_objective
 from stapo.study.train import TrainSettings, accumulation, train_settings
+from stapo.tasks.registry import BUNDLED, HUB, benchmark_file
 
 __all__ = ["SCHEMA", "StudyError", "Study", "ModelEntry", "WorkflowSection", "Plan", "load", "parse", "read",
-           "check_schema", "study_schema", "resolve_plan", "default", "curve_checkpoints", "TRAIN_SECTIONS", "EvalSection", "ObjectiveConfig",
+           "check_schema", "study_schema", "resolve_plan", "default", "curve_checkpoints", "kept_checkpoints", "TRAIN_SECTIONS", "EvalSection", "ObjectiveConfig",
            "OBJECTIVES", "get_objective", "TrainSettings", "train_settings", "accumulation"]
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
@@ -331,13 +333,60 @@ def parse(config: dict, *, source: str = "config", required: tuple[str, ...] | N
             _checked(source, lambda: _check_spec(model, study.models[model].spec))
             settings = study.train_settings(model)
             _checked(source, lambda: accumulation(settings, max(1, study.models[model].gpus)))
-            _checked(source, lambda: curve_checkpoints(study, model))
+            _checked(source, lambda: _check_evaluated_checkpoints(study, model))
+    if "eval" in config:
+        _checked(source, lambda: _check_data_dir(study))
     return study
 
 
 def default() -> Study:
     """The empty study: no models or methods, the paper's train, eval and workflow defaults."""
     return parse({}, source="defaults", required=())
+
+
+def kept_checkpoints(settings: TrainSettings) -> list[int]:
+    """TRL optimiser steps of the ``checkpoint-<N>`` a finished run still holds: one every ``save_steps`` rollout
+    steps and one at ``max_steps`` (HF's Trainer saves at the end too), the newest ``save_total_limit`` of them."""
+    k = optimizer_steps_per_rollout(settings)
+    steps = sorted({*range(settings.save_steps, settings.max_steps + 1, settings.save_steps), settings.max_steps})
+    if settings.save_total_limit:
+        steps = steps[-settings.save_total_limit:]
+    return [n * k for n in steps]
+
+
+def _check_evaluated_checkpoints(study: Study, model: str) -> None:
+    """Every checkpoint the workflow evaluates (``workflow.checkpoints``, the ``eval_every`` curve) is one the run
+    saves and still holds when its evaluations start (after final/)."""
+    settings = study.train_settings(model)
+    kept = kept_checkpoints(settings)
+    named = [("workflow.checkpoints", c) for c in study.workflow.checkpoints if c != "final"]
+    named += [("workflow.eval_every", c) for c in curve_checkpoints(study, model)]
+    for key, ckpt in named:
+        n = int(ckpt.removeprefix("checkpoint-"))
+        if n in kept:
+            continue
+        k = optimizer_steps_per_rollout(settings)
+        saved = n % (settings.save_steps * k) == 0 and 0 < n <= settings.max_steps * k
+        why = (f"train.save_total_limit ({settings.save_total_limit}) deletes it before the evaluations run"
+               if saved else f"train.save_steps {settings.save_steps} × {k} optimiser steps per rollout step up "
+               f"to train.max_steps {settings.max_steps} never saves it")
+        raise ValueError(f"{key}: {ckpt} of models.{model} will not exist: {why}; the run keeps "
+                         f"{', '.join(f'checkpoint-{m}' for m in kept)}")
+
+
+def _check_data_dir(study: Study) -> None:
+    """A local ``eval.data_dir`` holds the file of every shipped benchmark the study evaluates from it (arith is
+    generated; a benchmark with its own ``file`` does not read it)."""
+    data_dir = study.eval.data_dir
+    if data_dir in (None, "", BUNDLED, HUB):
+        return
+    if not Path(data_dir).is_dir():
+        raise ValueError(f"eval.data_dir: directory {data_dir} not found (or use 'bundled', the files shipped in "
+                         "stapo/tasks/data, or 'hub')")
+    for bench in study.eval.benchmarks:
+        path = benchmark_file(bench, data_dir) if study.eval.uses_data_dir(bench) else None
+        if path is not None and not path.is_file():
+            raise ValueError(f"eval.data_dir: {path} not found (benchmark {bench}; fields id, problem, answer)")
 
 
 def read(path: str | os.PathLike, *, required: tuple[str, ...] | None = None, check_runs: bool = True) -> Study:

@@ -93,11 +93,21 @@ _POSITIVE = ("max_steps", "save_steps", "prompts_per_generation", "num_generatio
              "per_device_train_batch_size", "num_iterations", "max_prompt_length", "max_completion_length")
 
 
+_NUMBERS = ("learning_rate", "weight_decay", "max_grad_norm", "temperature", "top_p")
+
+
 def _validate(s: TrainSettings, where: str) -> None:
+    for key in _NUMBERS:
+        value = getattr(s, key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{where}.{key}: must be a number, got {value!r}")
     for key in _POSITIVE:
         value = getattr(s, key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{where}.{key}: must be a positive integer, got {value!r}")
+    if s.num_generations < 2:
+        raise ValueError(f"{where}.num_generations: must be >= 2 (advantages are normalised within each prompt's "
+                         f"group of rollouts), got {s.num_generations}")
     if s.prompts_per_generation % s.prompts_per_step:
         raise ValueError(f"{where}.prompts_per_generation ({s.prompts_per_generation}) must be a multiple of "
                          f"{where}.prompts_per_step ({s.prompts_per_step})")

@@ -14,7 +14,7 @@ from stapo import study as stapo_study  # not `parse` itself: the Snakefile name
 
 # The config files that make the study: with --configfile, the first is the study and later ones overlay it
 # (Snakefile); without, configs/paper.yaml. Named in every config error.
-SOURCE = "config (" + (", ".join(map(str, workflow.overwrite_configfiles)) or "configs/paper.yaml") + ")"
+SOURCE = "config (" + (", ".join(map(str, workflow.overwrite_configfiles)) or PAPER_STUDY) + ")"
 
 
 def config_error(err):
@@ -140,7 +140,15 @@ def train_launcher(wildcards):
     entry = STUDY.models[wildcards.model]
     if entry.gpus <= 1:
         return "stapo"
-    return f"accelerate launch --config_file {entry.accelerate_config} --num_processes {entry.gpus} -m stapo.cli"
+    return f"accelerate launch --config_file {repo_path(entry.accelerate_config)} --num_processes {entry.gpus} -m stapo.cli"
+
+
+def repo_path(path):
+    """A relative path of the study (configs/accelerate/...) as given when it exists from the working directory,
+    else beside the Snakefile (a `-d DIR` run of the paper's study)."""
+    if Path(path).is_absolute() or Path(path).exists():
+        return path
+    return str(Path(workflow.basedir) / path)
 
 
 def eval_model_input(wildcards):

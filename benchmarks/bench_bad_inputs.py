@@ -1,0 +1,339 @@
+"""Bad inputs at every entry point: each must fail with one line naming the culprit, no traceback, fast.
+
+    .venv/bin/python benchmarks/bench_bad_inputs.py [--only SUBSTRING] [--json OUT.json]
+
+The table (CASES) covers ``stapo train | eval | report | plan``, ``snakemake -n`` on the repository's Snakefile
+and ``python -m stapo.vllm_settings``: bad arguments, missing / empty / malformed files (YAML syntax: file and
+line), bad values in every study section, the cross-section rules (checkpoints that will never exist,
+eval_every vs save_steps, a data_dir without the benchmarks, num_generations 1, batch splits), outputs that
+cannot be written, a damaged final/ (a same-size bit flip: the SHA-256 manifest), a corrupt generation cache,
+and outputs another process is writing (one writer per run directory / evaluation output). Each case runs as
+a subprocess in a scratch directory; the script prints, per case, exit status, seconds to the error and the
+line. Target: every case one line, no traceback, rc != 0, and <= 3 s to the error for the cases that need no
+model (none here loads one: every error comes before torch / TRL / lm-eval are imported). tests/test_bad_inputs.py
+runs the same table with a generous time bound (the machine is shared) and asserts the rest.
+
+Not covered, because Snakemake reads ``--configfile`` files itself before the Snakefile runs: an empty file or
+a YAML syntax error passed to ``snakemake --configfile`` gets Snakemake's own two-line WorkflowError, which
+names neither file nor line; ``stapo plan --configfile FILE`` (or ``stapo train --recipe FILE``) names both.
+
+Figures (2026-12-03, the project's 2-core VM shared with two other sessions), default command, 60 cases:
+    load ~2.5: 59/59 (before the no-weights case was added) one line, rc != 0, no traceback; every stapo and
+    vllm_settings case 0.14-1.25 s; the five snakemake -n cases 2.8-3.4 s; total 44.6 s.
+    load ~5: 60/60; stapo / vllm_settings slowest 1.94 s (all 55 within 3 s); snakemake -n 6.1-7.1 s, of which
+    Snakemake's own start-up is 5.5-6.3 s at that load (`snakemake --version` 5.46 s, `snakemake -n` on a missing
+    Snakefile 6.30 s): the study check itself adds < 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TINY = REPO / "configs" / "tiny.yaml"
+MODEL, METHOD = "tiny-qwen3", "stapo"
+TARGET_S = 3.0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: ``argv(work)`` -> the command line (``work`` is the scratch dir the fixtures are in), and
+    the texts its one line must contain (``{work}`` is replaced by the scratch dir)."""
+
+    name: str
+    entry: str  # stapo | snakemake | vllm_settings
+    args: tuple
+    expect: tuple
+    needs_model: bool = False
+
+
+def _study(work: Path, name: str, edit=None, **train) -> str:
+    """A copy of configs/tiny.yaml (tiny-qwen3 only) with ``train`` values and an ``edit(config)``, at work/name."""
+    config = yaml.safe_load(TINY.read_text(encoding="utf-8"))
+    config["workflow"]["models"] = [MODEL]
+    config["train"].update(train)
+    if edit:
+        edit(config)
+    path = work / name
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return str(path)
+
+
+def _set(dotted: str, value):
+    def edit(config):
+        *parents, last = dotted.split(".")
+        node = config
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+
+    return edit
+
+
+def make_fixtures(work: Path) -> None:
+    """The files the cases point at; none of them is a model."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "afile").write_text("x\n")
+    (work / "empty.yaml").write_text("")
+    text = TINY.read_text(encoding="utf-8").replace("  max_steps: 4", "  max_steps: [4", 1)
+    (work / "broken.yaml").write_text(text)  # the unclosed [ is noticed on the next line
+    _study(work, "good.yaml")
+    _study(work, "typo.yaml", _set("stuy", "x"))
+    _study(work, "neg_steps.yaml", max_steps=-1)
+    _study(work, "one_gen.yaml", num_generations=1, prompts_per_step=2, per_device_train_batch_size=2)
+    _study(work, "eval_every.yaml", _set("workflow.eval_every", 3))  # save_steps 2
+    _study(work, "ckpt3.yaml", _set("workflow.checkpoints", ["final", "checkpoint-3"]))
+    _study(work, "ckpt_deleted.yaml", _set("workflow.checkpoints", ["checkpoint-2"]), max_steps=6, save_total_limit=1)
+    _study(work, "no_data_dir.yaml", _set("eval.data_dir", str(work / "no-such-dir")))
+    (work / "empty_data").mkdir(exist_ok=True)
+    _study(work, "empty_data_dir.yaml", _set("eval.data_dir", str(work / "empty_data")))
+    _study(work, "split.yaml", per_device_train_batch_size=3)
+    _study(work, "lr.yaml", learning_rate="fast")
+    _study(work, "bundled.yaml", _set(f"models.{MODEL}.spec", "bundled:gpt5"))
+    _study(work, "verifier.yaml", _set("eval.verifier", {"model": "x/y", "temperature": 0}))
+    _study(work, "samples0.yaml", _set("eval.benchmarks.arith.samples", 0))
+    (work / "bad_rows").mkdir(exist_ok=True)
+    (work / "bad_rows" / "aime24.jsonl").write_text('{"id": "a", "problem": "1+1?", "answer": "2"}\n'
+                                                    '{"id": "b", "problem": "2+2?"}\n')
+    (work / "no_weights").mkdir(exist_ok=True)
+    (work / "no_weights" / "config.json").write_text('{"model_type": "qwen3"}')
+    (work / "cache").mkdir(exist_ok=True)
+    (work / "cache" / "o.jsonl.cache.sqlite").write_bytes(b"not a database" * 100)
+    _damaged_final(work / "run")
+
+
+def _damaged_final(run: Path) -> None:
+    """A run directory whose final/ verified when written and then had one bit flipped (same size, same mtime)."""
+    from stapo.manifest import FINAL_COMPLETE, write_manifest
+
+    final = run / "final"
+    if final.exists():
+        shutil.rmtree(final)
+    final.mkdir(parents=True)
+    (run / "config.yaml").write_text("model: {key: tiny-qwen3}\n")
+    (final / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    header = json.dumps({"w": {"dtype": "F32", "shape": [256], "data_offsets": [0, 1024]}}).encode()
+    (final / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(1024))
+    write_manifest(final, FINAL_COMPLETE, 4)
+    path = final / "model.safetensors"
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x10
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+HOLD = "import sys, time\nfrom stapo.lock import {fn}\nwith {fn}(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(3600)\n"
+
+
+def hold_in_background(fn: str, path: Path) -> subprocess.Popen:
+    """A process holding the run lock (``run_lock``) or an evaluation output's lock (``output_lock``)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD.format(fn=fn), str(path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+T = ("train", "--model", MODEL, "--method", METHOD)
+E = ("eval", "--model", "bundled:tiny-qwen3", "--benchmark", "aime24", "--setting", "t1.0_p1.0", "--backend", "hf")
+OUT = ("--out", "{work}/o/aime24.jsonl")
+
+CASES = [
+    Case("stapo: no subcommand", "stapo", (), ("arguments are required",)),
+    Case("stapo: unknown subcommand", "stapo", ("nope",), ("invalid choice: 'nope'",)),
+    Case("train: no arguments", "stapo", ("train",), ("--recipe", "--out")),
+    Case("train: recipe not found", "stapo", (*T, "--recipe", "{work}/missing.yaml", "--out", "{work}/r"),
+         ("{work}/missing.yaml: file not found",)),
+    Case("train: YAML syntax error", "stapo", (*T, "--recipe", "{work}/broken.yaml", "--out", "{work}/r"),
+         ("{work}/broken.yaml:", "YAML syntax error")),
+    Case("train: empty recipe", "stapo", (*T, "--recipe", "{work}/empty.yaml", "--out", "{work}/r"),
+         ("{work}/empty.yaml", "models")),
+    Case("train: unknown top-level key", "stapo", (*T, "--recipe", "{work}/typo.yaml", "--out", "{work}/r"),
+         ("stuy: unknown key",)),
+    Case("train: max_steps -1", "stapo", (*T, "--recipe", "{work}/neg_steps.yaml", "--out", "{work}/r"),
+         ("train.max_steps",)),
+    Case("train: --max-steps -1", "stapo", (*T, "--recipe", "{work}/good.yaml", "--out", "{work}/r",
+                                            "--max-steps", "-1"), ("train.max_steps", "-1")),
+    Case("train: --max-steps not a number", "stapo", (*T, "--recipe", "{work}/good.yaml", "--out", "{work}/r",
+                                                      "--max-steps", "ten"), ("--max-steps", "'ten'")),
+    Case("train: num_generations 1", "stapo", (*T, "--recipe", "{work}/one_gen.yaml", "--out", "{work}/r"),
+         ("train.num_generations: must be >= 2",)),
+    Case("train: unknown model key", "stapo", ("train", "--model", "nope", "--method", METHOD, "--recipe",
+                                               "{work}/good.yaml", "--out", "{work}/r"), ("models: no 'nope'",)),
+    Case("train: unknown method key", "stapo", ("train", "--model", MODEL, "--method", "ppo", "--recipe",
+                                                "{work}/good.yaml", "--out", "{work}/r"), ("methods: no 'ppo'",)),
+    Case("train: eval_every not a multiple of save_steps", "stapo",
+         (*T, "--recipe", "{work}/eval_every.yaml", "--out", "{work}/r"), ("workflow.eval_every", "save_steps")),
+    Case("train: workflow checkpoint never saved", "stapo",
+         (*T, "--recipe", "{work}/ckpt3.yaml", "--out", "{work}/r"), ("workflow.checkpoints: checkpoint-3",)),
+    Case("train: workflow checkpoint deleted by save_total_limit", "stapo",
+         (*T, "--recipe", "{work}/ckpt_deleted.yaml", "--out", "{work}/r"), ("checkpoint-2", "save_total_limit")),
+    Case("train: eval.data_dir missing", "stapo", (*T, "--recipe", "{work}/no_data_dir.yaml", "--out", "{work}/r"),
+         ("eval.data_dir: directory {work}/no-such-dir not found",)),
+    Case("train: eval.data_dir without the benchmarks", "stapo",
+         (*T, "--recipe", "{work}/empty_data_dir.yaml", "--out", "{work}/r"), ("eval.data_dir", "aime24.jsonl")),
+    Case("train: batch split", "stapo", (*T, "--recipe", "{work}/split.yaml", "--out", "{work}/r"),
+         ("per_device_train_batch_size",)),
+    Case("train: wrong type", "stapo", (*T, "--recipe", "{work}/lr.yaml", "--out", "{work}/r"),
+         ("train.learning_rate",)),
+    Case("train: unknown bundled model", "stapo", (*T, "--recipe", "{work}/bundled.yaml", "--out", "{work}/r"),
+         ("bundled:gpt5",)),
+    Case("train: --out under a file", "stapo", (*T, "--recipe", "{work}/good.yaml", "--out", "{work}/afile/r"),
+         ("--out", "{work}/afile is a file")),
+    Case("train: run directory in use", "stapo", (*T, "--recipe", "{work}/good.yaml", "--out", "{work}/busy"),
+         ("run directory {work}/busy is in use by PID",)),
+    Case("eval: no arguments", "stapo", ("eval",), ("arguments are required", "--out")),
+    Case("eval: --out under a file", "stapo", (*E, "--out", "{work}/afile/x.jsonl"), ("--out", "{work}/afile")),
+    Case("eval: --out not .jsonl", "stapo", (*E, "--out", "{work}/o/x.txt"), ("--out", "must end in .jsonl")),
+    Case("eval: model directory missing", "stapo", ("eval", "--model", "{work}/runs/m/final", "--benchmark",
+                                                    "aime24", "--setting", "t1.0_p1.0", *OUT),
+         ("--model", "{work}/runs/m/final")),
+    Case("eval: model directory without weights", "stapo", ("eval", "--model", "{work}/no_weights", "--benchmark",
+                                                            "aime24", "--setting", "t1.0_p1.0", *OUT),
+         ("--model", "{work}/no_weights has no weights file")),
+    Case("eval: unknown bundled model", "stapo", ("eval", "--model", "bundled:nope", "--benchmark", "aime24",
+                                                  "--setting", "t1.0_p1.0", *OUT), ("--model", "bundled:nope")),
+    Case("eval: --data-dir missing", "stapo", (*E, *OUT, "--data-dir", "{work}/no-such-dir"),
+         ("--data-dir", "{work}/no-such-dir not found")),
+    Case("eval: benchmark file missing", "stapo", (*E, *OUT, "--data-dir", "{work}/empty_data"),
+         ("{work}/empty_data/aime24.jsonl not found",)),
+    Case("eval: row without answer", "stapo", (*E, *OUT, "--data-dir", "{work}/bad_rows"),
+         ("{work}/bad_rows/aime24.jsonl:2: missing field(s) ['answer']",)),
+    Case("eval: --samples 0", "stapo", (*E, *OUT, "--samples", "0"), ("--samples: must be >= 1",)),
+    Case("eval: --limit 0", "stapo", (*E, *OUT, "--limit", "0"), ("--limit: must be >= 1",)),
+    Case("eval: --max-new-tokens -5", "stapo", (*E, *OUT, "--max-new-tokens", "-5"), ("--max-new-tokens",)),
+    Case("eval: --grade-timeout 0", "stapo", (*E, *OUT, "--grade-timeout", "0"), ("--grade-timeout",)),
+    Case("eval: unknown setting", "stapo", ("eval", "--model", "bundled:tiny-qwen3", "--benchmark", "aime24",
+                                            "--setting", "t9", *OUT), ("--setting", "'t9'")),
+    Case("eval: unknown benchmark", "stapo", ("eval", "--model", "bundled:tiny-qwen3", "--benchmark", "aime99",
+                                              "--setting", "t1.0_p1.0", *OUT), ("--benchmark", "'aime99'")),
+    Case("eval: recipe YAML syntax error", "stapo", (*E, *OUT, "--recipe", "{work}/broken.yaml"),
+         ("{work}/broken.yaml:", "YAML syntax error")),
+    Case("eval: recipe samples 0", "stapo", (*E, *OUT, "--recipe", "{work}/samples0.yaml"),
+         ("eval.benchmarks.arith.samples",)),
+    Case("eval: recipe verifier key", "stapo", (*E, *OUT, "--recipe", "{work}/verifier.yaml"),
+         ("eval.verifier", "temperature")),
+    Case("eval: corrupt generation cache", "stapo", (*E, "--out", "{work}/cache/o.jsonl"),
+         ("generation cache {work}/cache/o.jsonl.cache.sqlite",)),
+    Case("eval: damaged final/ (same-size bit flip)", "stapo",
+         ("eval", "--model", "{work}/run/final", "--benchmark", "aime24", "--setting", "t1.0_p1.0", *OUT),
+         ("{work}/run/final", "model.safetensors content differs", "final.damaged-")),
+    Case("eval: output in use", "stapo", (*E, "--out", "{work}/busy_eval/aime24.jsonl"),
+         ("evaluation output {work}/busy_eval/aime24.jsonl is in use by PID",)),
+    Case("report: config not found", "stapo", ("report", "--config", "{work}/missing.yaml", "--out", "{work}/res"),
+         ("{work}/missing.yaml: file not found",)),
+    Case("report: config YAML syntax error", "stapo", ("report", "--config", "{work}/broken.yaml", "--out",
+                                                       "{work}/res"), ("{work}/broken.yaml:", "YAML syntax")),
+    Case("report: scores directory missing", "stapo", ("report", "--scores", "{work}/no-scores", "--out",
+                                                       "{work}/res"), ("--scores", "{work}/no-scores")),
+    Case("report: --out under a file", "stapo", ("report", "--scores", "{work}", "--out", "{work}/afile/res"),
+         ("--out", "{work}/afile")),
+    Case("plan: configfile not found", "stapo", ("plan", "--configfile", "{work}/missing.yaml"),
+         ("--configfile", "{work}/missing.yaml not found")),
+    Case("plan: configfile YAML syntax error", "stapo", ("plan", "--configfile", "{work}/broken.yaml"),
+         ("{work}/broken.yaml:", "YAML syntax error")),
+    Case("plan: configfile bad key", "stapo", ("plan", "--configfile", "{work}/typo.yaml"), ("stuy: unknown key",)),
+    Case("plan: --params malformed", "stapo", ("plan", "--configfile", "{work}/good.yaml", "--params", "tiny"),
+         ("--params",)),
+    Case("plan: throughputs file missing", "stapo", ("plan", "--throughputs", "{work}/missing-tp.yaml"),
+         ("--throughputs", "{work}/missing-tp.yaml")),
+    Case("snakemake -n: unknown key", "snakemake", ("--configfile", "{work}/typo.yaml"), ("stuy: unknown key",)),
+    Case("snakemake -n: eval_every vs save_steps", "snakemake", ("--configfile", "{work}/eval_every.yaml"),
+         ("workflow.eval_every",)),
+    Case("snakemake -n: checkpoint never saved", "snakemake", ("--configfile", "{work}/ckpt3.yaml"),
+         ("workflow.checkpoints: checkpoint-3",)),
+    Case("snakemake -n: eval.data_dir missing", "snakemake", ("--configfile", "{work}/no_data_dir.yaml"),
+         ("eval.data_dir",)),
+    Case("snakemake -n: num_generations 1", "snakemake", ("--configfile", "{work}/one_gen.yaml"),
+         ("train.num_generations",)),
+    Case("vllm_settings: no command", "vllm_settings", (), ("arguments are required",)),
+    Case("vllm_settings: unknown device", "vllm_settings", ("check", "--device", "tpu"), ("invalid choice: 'tpu'",)),
+]
+
+
+def command(case: Case, work: Path) -> list[str]:
+    args = [a.format(work=work) for a in case.args]
+    if case.entry == "stapo":
+        return [str(BIN / "stapo"), *args]
+    if case.entry == "snakemake":
+        return [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work / "sm"), "-n", *args]
+    return [sys.executable, "-m", "stapo.vllm_settings", *args]
+
+
+def env() -> dict:
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "STAPO_DEBUG": "0"}
+
+
+def run_case(case: Case, work: Path, cwd: Path = REPO) -> dict:
+    """Run one case; its rc, stderr lines, seconds to the error and whether the line says what it must."""
+    if case.name == "eval: damaged final/ (same-size bit flip)":
+        _damaged_final(work / "run")  # a previous run of the case moved it aside
+    start = time.monotonic()
+    res = subprocess.run(command(case, work), cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - start
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    expect = [e.format(work=work) for e in case.expect]
+    return {"name": case.name, "rc": res.returncode, "seconds": round(seconds, 2), "lines": lines,
+            "stdout": res.stdout, "missing": [e for e in expect if not any(e in line for line in lines)],
+            "traceback": "Traceback" in res.stderr + res.stdout}
+
+
+def ok(result: dict) -> bool:
+    return (result["rc"] != 0 and len(result["lines"]) == 1 and not result["missing"] and not result["traceback"])
+
+
+class Holders:
+    """The background processes that hold the locks of the 'in use' cases."""
+
+    def __init__(self, work: Path):
+        self.procs = [hold_in_background("run_lock", work / "busy"),
+                      hold_in_background("output_lock", work / "busy_eval" / "aime24.jsonl")]
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="run the cases whose name contains this")
+    parser.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    import tempfile
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="stapo-bad-inputs-"))
+    make_fixtures(work)
+    holders = Holders(work)
+    try:
+        results = [run_case(c, work) for c in CASES if not args.only or args.only in c.name]
+    finally:
+        holders.close()
+    for r in results:
+        flag = "ok  " if ok(r) else "FAIL"
+        print(f"{flag} rc={r['rc']} {r['seconds']:5.2f}s  {r['name']:<52} {(r['lines'] or [''])[-1][:150]}")
+    good = sum(ok(r) for r in results)
+    slowest = max(results, key=lambda r: r["seconds"])
+    print(f"\n{good}/{len(results)} one line naming the culprit, rc != 0, no traceback; slowest "
+          f"{slowest['seconds']:.2f} s ({slowest['name']}); {sum(r['seconds'] <= TARGET_S for r in results)}/"
+          f"{len(results)} within {TARGET_S:.0f} s; total {sum(r['seconds'] for r in results):.1f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0 if good == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

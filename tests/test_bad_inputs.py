@@ -1,0 +1,58 @@
+"""Every entry point answers every bad input with one line naming the culprit (the key, file, file:line or
+option), exit status != 0, no traceback, before any model or heavy import: the table of
+benchmarks/bench_bad_inputs.py, run case by case as subprocesses. Time to each error is printed (``-s``) and bounded
+generously here (a shared machine); the 3 s target is measured by the benchmark script."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_bad_inputs", ROOT / "benchmarks" / "bench_bad_inputs.py")
+bad = sys.modules["bench_bad_inputs"] = importlib.util.module_from_spec(_spec)  # its dataclass needs the entry
+_spec.loader.exec_module(bad)
+
+GENEROUS_S = 30.0  # no case loads a model; the target (3 s) is the benchmark's to measure
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    work = tmp_path_factory.mktemp("bad-inputs")
+    bad.make_fixtures(work)
+    holders = bad.Holders(work)  # the processes holding the locks of the 'in use' cases
+    yield work
+    holders.close()
+
+
+def test_the_table_covers_every_entry_point():
+    assert len(bad.CASES) >= 40 and len({c.name for c in bad.CASES}) == len(bad.CASES)
+    assert {c.entry for c in bad.CASES} == {"stapo", "snakemake", "vllm_settings"}
+    assert {c.args[0] for c in bad.CASES if c.entry == "stapo" and c.args} == {"nope", "train", "eval", "report",
+                                                                               "plan"}
+
+
+@pytest.mark.parametrize("case", bad.CASES, ids=[c.name for c in bad.CASES])
+def test_bad_input_is_one_line_naming_the_culprit(work, case):
+    result = bad.run_case(case, work)
+    print(f"{result['seconds']:.2f} s  {case.name}: {(result['lines'] or [''])[-1]}")
+    assert result["rc"] != 0, result
+    assert not result["traceback"], "\n".join(result["lines"])
+    assert len(result["lines"]) == 1, "\n".join(result["lines"])
+    assert not result["missing"], f"{result['lines']} lacks {result['missing']}"
+    assert result["seconds"] < GENEROUS_S
+    assert not case.needs_model
+
+
+def test_debug_keeps_the_traceback(work):
+    case = next(c for c in bad.CASES if c.name == "train: num_generations 1")
+    import os
+    import subprocess
+
+    res = subprocess.run([*bad.command(case, work)[:1], "--debug", *bad.command(case, work)[1:]], cwd=ROOT,
+                         env=bad.env(), capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "Traceback" in res.stderr and "StudyError" in res.stderr
+    assert os.environ.get("STAPO_DEBUG", "0") in ("", "0")
