@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stapo import study as stapo_study
-from stapo.atomic import atomic_write
+from stapo.atomic import atomic_write, check_creatable_dir
 from stapo import comparison_figures
+from stapo.errors import UserError
 from stapo.figures import CAPTIONS, FIGURE_KINDS, settings_order, write_figures  # FIGURE_KINDS: always written
 from stapo.names import BENCHMARKS, METHODS, MODELS, PAPER_BENCHMARKS, SETTINGS, paper_key
 
@@ -435,9 +436,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from stapo.atomic import check_creatable_dir
-    from stapo.errors import UserError
-
     study = stapo_study.read(args.config, required=(), check_runs=False) if args.config else None
     if not Path(args.scores).is_dir():
         raise UserError(f"--scores: directory {args.scores} not found (stapo eval writes it)")
