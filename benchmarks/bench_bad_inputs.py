@@ -135,7 +135,8 @@ def _damaged_final(run: Path) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-HOLD = "import sys, time\nfrom stapo.lock import {fn}\nwith {fn}(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(3600)\n"
+HOLD = ("import sys, time\nfrom stapo.lock import {fn}\nwith {fn}(sys.argv[1]):\n"
+        "    print('held', flush=True)\n    time.sleep(3600)\n")
 
 
 def hold_in_background(fn: str, path: Path) -> subprocess.Popen:

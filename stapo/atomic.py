@@ -39,7 +39,8 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w", **({} if isinstance(data, bytes) else {"encoding": "utf-8"})) as f:
+        binary = isinstance(data, bytes)
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -52,7 +53,8 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
 
 
 def atomic_write_json(path: str | os.PathLike, obj, **kw) -> Path:
-    return atomic_write(path, json.dumps(obj, indent=kw.pop("indent", 2), sort_keys=kw.pop("sort_keys", False), **kw) + "\n")
+    text = json.dumps(obj, indent=kw.pop("indent", 2), sort_keys=kw.pop("sort_keys", False), **kw)
+    return atomic_write(path, text + "\n")
 
 
 def append_line(path: str | os.PathLike, line: str) -> None:

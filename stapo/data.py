@@ -165,7 +165,8 @@ def _hub_rows(name: str, source: dict) -> list[dict]:
     if name == "dapo-math-17k":
         records = datasets.load_dataset(DAPO_HUB_ID, split=source.get("split", "train"))
         return dapo_math_rows(records, DAPO_HUB_ID)
-    records = datasets.load_dataset(DAPO_PROCESSED_HUB_ID, source.get("config", "en"), split=source.get("split", "train"))
+    records = datasets.load_dataset(DAPO_PROCESSED_HUB_ID, source.get("config", "en"),
+                                    split=source.get("split", "train"))
     return dapo_math_rows(records, DAPO_PROCESSED_HUB_ID)
 
 
@@ -189,7 +190,8 @@ def load_problems(source: dict) -> list[dict]:
     if "path" in source:
         rows = read_rows(source["path"])
     elif source["name"] == "synthetic-arith":
-        gen = synthetic_arith_rows(int(source.get("n", 512)), int(source.get("seed", 0)), int(source.get("difficulty", 1)))
+        gen = synthetic_arith_rows(int(source.get("n", 512)), int(source.get("seed", 0)),
+                                   int(source.get("difficulty", 1)))
         rows = [{"problem": r["problem"], "answer": r["answer"]} for r in gen]
     else:
         rows = _hub_rows(source["name"], source)

@@ -9,8 +9,8 @@ branch is active), hence
 
 so low-probability (small π(y)), low-entropy (large Σπ²) tokens receive the largest updates. The functions here
 take the per-token tensors of a training step (log-probs, entropies, collision probabilities Σπ², ratios,
-advantages; :class:`TokenDiagnostics` computes the collision probabilities) and summarise them per probability × entropy quadrant, with the
-thresholds of the S2T mask (τ_p and the candidates' q-quantile).
+advantages; :class:`TokenDiagnostics` computes the collision probabilities) and summarise them per probability ×
+entropy quadrant, with the thresholds of the S2T mask (τ_p and the candidates' q-quantile).
 
 Shapes: logps, entropies, collision, ratio, completion_mask [B, T]; advantages [B].
 """
@@ -172,7 +172,8 @@ class TokenDiagnostics:
         """Hook the backbone (``model.base_model``) to keep its last hidden states while a diagnostics step runs."""
         text_config = model.config.get_text_config()
         # the no-grad head pass computes softmax(h·Wᵀ / T): models that soft-cap or rescale logits would differ
-        for key in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling"):
+        for key in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
+                    "logits_scaling"):
             if getattr(text_config, key, None) not in (None, 1, 1.0):
                 raise ValueError(f"token diagnostics: {type(model).__name__} sets {key}={getattr(text_config, key)}, "
                                  "which they do not support; set train.diagnostics_every: 0")

@@ -33,6 +33,7 @@ import os
 import sqlite3
 import tempfile
 import time
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 from stapo import manifest, study
@@ -45,6 +46,9 @@ from stapo.models import check_spec, resolve_model
 from stapo.scoring import build_records, summarize
 from stapo.study.evaluation import BACKENDS, EvalConfig, EvalSection
 from stapo.tasks.registry import BENCHMARKS, SETTINGS, _tokenizer, benchmark_file, read_benchmark_file
+
+if TYPE_CHECKING:  # stapo.generation imports lm-eval: loaded only once the inputs have passed
+    from stapo.generation import GenerationCache
 
 __all__ = ["add_arguments", "run", "EvalInputError", "load_eval_section", "resolve_config", "preflight",
            "grade_records", "summary_path", "check_model"]
@@ -184,7 +188,7 @@ def check_model(spec: str) -> dict[str, str]:
     raise EvalInputError(what)
 
 
-def preflight(cfg: EvalConfig, out: Path) -> "GenerationCache":
+def preflight(cfg: EvalConfig, out: Path) -> GenerationCache:
     """Every check that needs no model, in the order a user fixes them; returns the opened generation cache.
 
     Raises EvalInputError (one line naming the file): missing data dir or benchmark file, a row without
@@ -263,7 +267,8 @@ def _evaluate(args: argparse.Namespace, cfg: EvalConfig, out: Path) -> int:
     summary = summarize(records, cfg, model_path, verifier)
     atomic_write_json(summary_path(out), summary)
     log.info("%s %s: avg@%d = %.2f%% (CI %.1f-%.1f), %d problems, truncated %.1f%%, no box %.1f%%; generation "
-             "%.1fs (%d cached, %d generated), grading (+ verifier) %.1fs", cfg.benchmark, cfg.setting, cfg.n, summary["avg_at_n"],
+             "%.1fs (%d cached, %d generated), grading (+ verifier) %.1fs", cfg.benchmark, cfg.setting, cfg.n,
+             summary["avg_at_n"],
              *summary["ci95"], summary["problems"], summary["truncation_rate"], summary["no_box_rate"], t1 - t0,
              stats["cached"], stats["generated"], time.monotonic() - t1)
     return 0
@@ -274,5 +279,6 @@ def grade_records(problems: list[dict], cfg: EvalConfig, tokenizer, timeout: flo
     completions = [c for p in problems for c in p["completions"]]
     golds = [p["gold"] for p in problems for _ in p["completions"]]
     grades = grade(completions, golds, timeout=timeout, strict=True)
-    n_tokens = [len(ids) for ids in tokenizer(completions, add_special_tokens=False)["input_ids"]] if completions else []
+    ids = tokenizer(completions, add_special_tokens=False)["input_ids"] if completions else []
+    n_tokens = [len(i) for i in ids]
     return build_records(problems, grades, n_tokens, cfg.max_new_tokens)

@@ -97,7 +97,8 @@ def _parse_gold(gold: str):
 
 
 class _Timeout(BaseException):
-    """Raised at an answer's deadline; a BaseException, like math-verify's own, so its ``except Exception`` passes it."""
+    """Raised at an answer's deadline; a BaseException, like math-verify's own, so its ``except Exception``
+    passes it."""
 
 
 @contextmanager

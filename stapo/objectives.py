@@ -1,7 +1,8 @@
 """The four token-level policy objectives of the STAPO paper, as pure functions of tensors.
 
 Each method's hyper-parameters are a ``stapo.study.ObjectiveConfig`` (the study's ``methods`` section, with the
-paper's defaults); one entry point, :func:`policy_loss`, that every method goes through. No TRL import: the trainer passes TRL's per-token tensors in and backpropagates the loss.
+paper's defaults); one entry point, :func:`policy_loss`, that every method goes through. No TRL import: the
+trainer passes TRL's per-token tensors in and backpropagates the loss.
 
 Shapes (B completions, T completion positions, right-padded):
     logps, old_logps, ref_logps, entropies, completion_mask   [B, T]

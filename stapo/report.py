@@ -351,7 +351,8 @@ def render_examples(examples: dict, models: list[str], methods: list[str], study
                 continue
             found = True
             lines += [f"## {study.label('models', model)} / {study.label('methods', method)}", "",
-                      "| step | context | token | p | H | Â | top-5 alternatives (p) |", "|---|---|---|---|---|---|---|"]
+                      "| step | context | token | p | H | Â | top-5 alternatives (p) |",
+                      "|---|---|---|---|---|---|---|"]
             for r in rows:
                 top = ", ".join(f"`{esc(t['token'])}` {t['p']:.3f}" for t in r["top"])
                 lines.append(f"| {r['step']} | …{esc(r['context'][-60:])} | `{esc(r['token'])}` | {r['p']:.2e} | "

@@ -17,8 +17,9 @@ Layout of DIR (``runs/<model>/<method>``):
 
 What a kill (or a full disk) can leave, and what a rerun does with it:
     a checkpoint without its manifest, with a file whose size or SHA-256 is not the manifest's (a bit flip after
-    the save included: the resume checkpoint is read in full), or with a file that is structurally cut (safetensors header offsets past the end, a torch.save zip without its central directory,
-    JSON that does not parse) is not "intact": the rerun resumes from the newest intact one and removes the others
+    the save included: the resume checkpoint is read in full), or with a file that is structurally cut
+    (safetensors header offsets past the end, a torch.save zip without its central directory, JSON that does not
+    parse) is not "intact": the rerun resumes from the newest intact one and removes the others
     (logged). A torn last JSON line of a log is trimmed (logged); a bad line anywhere else is an error naming the
     file and line. A final/ that does not verify is removed and rebuilt. A resume checkpoint already at max_steps
     only writes final/ (no extra optimiser step).
@@ -42,11 +43,12 @@ from stapo.atomic import atomic_write
 from stapo.diagnostics import TokenDiagnostics
 from stapo.errors import UserError
 from stapo.lock import RUN_LOCK, hold
-from stapo.manifest import COMPLETE, FINAL_COMPLETE, WEIGHTS
+from stapo.manifest import COMPLETE, FINAL_COMPLETE
 
-__all__ = ["COMPLETE", "FINAL_COMPLETE", "RunDirError", "run_lock", "final_problems", "RunConfigMismatch", "CheckpointSentinel", "checkpoints",
-           "problems", "latest_complete_checkpoint", "prepare_resume", "trim_jsonl", "claim", "config_changes",
-           "verify_final", "save_final", "finalize_from_checkpoint", "checkpoint_step", "LOGS"]
+__all__ = ["COMPLETE", "FINAL_COMPLETE", "RunDirError", "run_lock", "final_problems", "RunConfigMismatch",
+           "CheckpointSentinel", "checkpoints", "problems", "latest_complete_checkpoint", "prepare_resume",
+           "trim_jsonl", "claim", "config_changes", "verify_final", "save_final", "finalize_from_checkpoint",
+           "checkpoint_step", "LOGS"]
 
 log = logging.getLogger("stapo.rundir")
 CONFIG = "config.yaml"

@@ -199,7 +199,8 @@ class StapoGRPOTrainer(GRPOTrainer):
             self.objective, logps=logps, old_logps=logps.detach() if old_logps is None else old_logps,
             advantages=inputs["advantages"], entropies=entropies, completion_mask=completion_mask,
             ref_logps=inputs.get("ref_per_token_logps") if self.beta != 0.0 else None,
-            token_normalizer=self._window.normaliser if training else None, thresholds=self._thresholds if training and self._mini_batch_scope else None,
+            token_normalizer=self._window.normaliser if training else None,
+            thresholds=self._thresholds if training and self._mini_batch_scope else None,
         )
         if training and self._normaliser is Normaliser.DEEPSPEED_KEPT_FRACTION:
             loss = loss * self._kept_fraction_correction(metrics, completion_mask)
@@ -291,7 +292,8 @@ def grpo_config(plan: Plan, out: Path, num_processes: int = 1, *, deepspeed: boo
     )
     kwargs.update(overrides)
     if kwargs["use_vllm"] and stop_token_ids:
-        kwargs["generation_kwargs"] = {"stop_token_ids": list(stop_token_ids), **(kwargs.get("generation_kwargs") or {})}
+        kwargs["generation_kwargs"] = {"stop_token_ids": list(stop_token_ids),
+                                       **(kwargs.get("generation_kwargs") or {})}
     return GRPOConfig(**kwargs)
 
 

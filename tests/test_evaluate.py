@@ -148,7 +148,8 @@ HUB = {
     "amc23": ("math-ai/amc23", None, "test", "question", "answer", (40,), 32),
     "math500": ("HuggingFaceH4/MATH-500", None, "test", "problem", "answer", (500,), 4),
     "minerva": ("math-ai/minervamath", None, "test", "question", "answer", (272,), 4),
-    "olympiadbench": ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train", "question", "final_answer", (674, 675), 4),
+    "olympiadbench": ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train", "question", "final_answer",
+                      (674, 675), 4),
 }
 
 
@@ -399,7 +400,8 @@ def _bad_input(tmp_path: Path, case: str) -> tuple[list[str], str]:
         return ["--data-dir", str(data), "--out", str(out)], f"{data / 'aime24.jsonl'}: benchmark file has no rows"
     if case == "unwritable out":
         (tmp_path / "a_file").write_text("x")  # a directory cannot be made under a file (root ignores permissions)
-        return ["--out", str(tmp_path / "a_file" / "x.jsonl")], f"--out: {tmp_path / 'a_file'} exists and is not a directory"
+        message = f"--out: {tmp_path / 'a_file'} exists and is not a directory"
+        return ["--out", str(tmp_path / "a_file" / "x.jsonl")], message
     if case == "corrupt cache":
         out.parent.mkdir(parents=True)
         generation.cache_path(out).write_bytes(b"not a database" * 100)

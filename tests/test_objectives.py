@@ -200,7 +200,8 @@ def test_grpo_kl_term():
     ref = torch.tensor([[-1.5, -2.0], [-0.5, 0.0]])
     x = _inputs(logps, [0.0, 0.0], [[1, 1], [1, 0]])  # Â = 0: only the KL term remains
     loss, m = policy_loss(METHODS["grpo"], ref_logps=ref, **x)
-    k3 = lambda d: math.exp(d) - d - 1
+    def k3(d):
+        return math.exp(d) - d - 1
     seq0 = (k3(-0.5) + k3(0.0)) / 2
     seq1 = k3(0.0)
     assert loss.item() == pytest.approx(0.04 * (seq0 + seq1) / 2, rel=1e-6)

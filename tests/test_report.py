@@ -250,7 +250,8 @@ def test_silenced_examples_table(tmp_path):
         diag.append(row)
     (runs / "m" / "stapo" / "diagnostics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in diag))
     example = {"step": 2, "token": " seven", "context": "so the answer | is", "p": 1.5e-4, "entropy": 0.31,
-               "advantage": 0.8, "top": [{"token": " 7", "p": 0.91}] + [{"token": f"t{i}", "p": 0.01} for i in range(4)]}
+               "advantage": 0.8,
+               "top": [{"token": " 7", "p": 0.91}] + [{"token": f"t{i}", "p": 0.01} for i in range(4)]}
     (runs / "m" / "stapo" / "silenced_examples.jsonl").write_text(json.dumps(example) + "\n")
     out = tmp_path / "results"
     report.write_report(scores, runs, out, study_of(models=["m"]))

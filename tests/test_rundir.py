@@ -331,7 +331,8 @@ def test_which_changes_mix_two_configs():
 def test_max_steps_changes_compare_optimiser_steps_with_the_checkpoints():
     """train.max_steps / save_steps count rollout steps, trl.* and checkpoint numbers optimiser steps (k = 4)."""
     def cfg(max_steps, save_steps):
-        return {"train": {"max_steps": max_steps, "save_steps": save_steps, "lr_scheduler_type": "constant_with_warmup"},
+        return {"train": {"max_steps": max_steps, "save_steps": save_steps,
+                          "lr_scheduler_type": "constant_with_warmup"},
                 "trl": {"max_steps": 4 * max_steps, "save_steps": 4 * save_steps, "optimizer_steps_per_rollout": 4}}
 
     started = cfg(10, 2)  # checkpoint-40 is rollout step 10

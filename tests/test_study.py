@@ -150,7 +150,8 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path, capsys):
 def test_missing_recipe_file(tmp_path, capsys):
     rc = cli.main(["train", "--recipe", str(tmp_path / "nope.yaml"), "--model", MODEL, "--method", METHOD,
                    "--out", str(tmp_path)])
-    assert rc == 2 and capsys.readouterr().err.strip() == f"stapo train: error: {tmp_path / 'nope.yaml'}: file not found"
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == f"stapo train: error: {tmp_path / 'nope.yaml'}: file not found"
 
 
 def test_debug_env_shows_the_traceback(tmp_path, monkeypatch):

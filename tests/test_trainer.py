@@ -158,7 +158,8 @@ def _base_like_tiny_qwen3(tmp_path) -> str:
     d = tmp_path / "tiny-qwen3-base"
     shutil.copytree(resolve_model("bundled:tiny-qwen3"), d)
     for name, key, value in (("tokenizer_config.json", "eos_token", "<|endoftext|>"),
-                             ("generation_config.json", "eos_token_id", 151643), ("config.json", "eos_token_id", 151643)):
+                             ("generation_config.json", "eos_token_id", 151643),
+                             ("config.json", "eos_token_id", 151643)):
         path = d / name
         data = json.loads(path.read_text()) if path.exists() else {}
         data[key] = value

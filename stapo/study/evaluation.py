@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS, FILE_SAMPLES, SETTINGS
 
-__all__ = ["EvalSection", "EvalConfig", "BenchmarkEntry", "BACKENDS", "VERIFIER_DEFAULTS", "VERIFIER_KEYS", "check_verifier_config"]
+__all__ = ["EvalSection", "EvalConfig", "BenchmarkEntry", "BACKENDS", "VERIFIER_DEFAULTS", "VERIFIER_KEYS",
+           "check_verifier_config"]
 
 BACKENDS = ("hf", "vllm")
 VERIFIER_DEFAULTS = {

@@ -28,7 +28,8 @@ from pathlib import Path
 from stapo.data import build_prompt, synthetic_arith_rows
 from stapo.grading import grade
 
-__all__ = ["Benchmark", "BENCHMARKS", "SETTINGS", "TASKS_DIR", "BUNDLED_DATA_DIR", "HUB", "load_rows", "read_benchmark_file",
+__all__ = ["Benchmark", "BENCHMARKS", "SETTINGS", "TASKS_DIR", "BUNDLED_DATA_DIR", "HUB", "load_rows",
+           "read_benchmark_file",
            "benchmark_file", "custom_dataset", "task_name",
            "FILE_TASK", "FILE_SAMPLES"]
 

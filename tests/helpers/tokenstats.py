@@ -63,7 +63,8 @@ class _ChunkedTokenStats(torch.autograd.Function):
         n = logits.shape[0]
         out = torch.empty(3, n, dtype=_fp(logits[:0]).dtype, device=logits.device)
         for s in range(0, n, chunk_size):
-            logp, entropy, collision, _, _ = _chunk_stats(logits[s : s + chunk_size], labels[s : s + chunk_size], temperature)
+            logp, entropy, collision, _, _ = _chunk_stats(logits[s : s + chunk_size], labels[s : s + chunk_size],
+                                                          temperature)
             out[0, s : s + chunk_size] = logp
             out[1, s : s + chunk_size] = entropy
             out[2, s : s + chunk_size] = collision
