@@ -67,9 +67,10 @@ def load_eval_section(recipe: str | Path | None) -> EvalSection:
 def resolve_config(args: argparse.Namespace) -> EvalConfig:
     """Recipe values, overridden by the command line; unknown benchmark/setting names raise naming the key."""
     section = load_eval_section(args.recipe)
-    if args.benchmark not in BENCHMARKS:
+    if not section.known(args.benchmark):
         raise study.StudyError(f"--benchmark: unknown benchmark {args.benchmark!r}; expected one of "
-                               f"{sorted(BENCHMARKS)}")
+                               f"{sorted(set(BENCHMARKS) | set(section.benchmarks))} (a study's own benchmark "
+                               "needs --recipe with its eval.benchmarks entry)")
     try:
         setting = section.setting(args.setting)
     except KeyError:
@@ -88,7 +89,7 @@ def resolve_config(args: argparse.Namespace) -> EvalConfig:
         n=int(pick(args.samples, section.samples(args.benchmark))),
         backend=backend, limit=pick(args.limit, first(bench.limit, section.limit)),
         data_dir=pick(args.data_dir, section.data_dir),
-        seed=int(args.seed), backend_args=dict(getattr(section, backend) or {}),
+        seed=int(args.seed), file=bench.file, backend_args=dict(getattr(section, backend) or {}),
         arith=bench.arith, verifier=section.verifier,
     )
 
@@ -102,10 +103,10 @@ class EvalInputError(ValueError):
 
 def _check_benchmark_data(cfg: EvalConfig) -> None:
     """The benchmark's jsonl (bundled, or under ``data_dir``) exists and every row has id/problem/answer."""
-    path = benchmark_file(cfg.benchmark, cfg.data_dir)
+    path = benchmark_file(cfg.benchmark, cfg.data_dir, cfg.file)
     if path is None:  # the hub (checked when downloaded) or the generated arith
         return
-    if not path.parent.is_dir():
+    if cfg.file is None and not path.parent.is_dir():
         raise EvalInputError(f"eval.data_dir / --data-dir: directory {path.parent} not found")
     if not path.is_file():
         raise EvalInputError(f"benchmark {cfg.benchmark!r}: {path} not found")
@@ -152,7 +153,8 @@ def preflight(cfg: EvalConfig, out: Path) -> "GenerationCache":
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``stapo eval`` options."""
     parser.add_argument("--model", required=True, help="local dir, hub id, paper key or bundled:NAME")
-    parser.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS))
+    parser.add_argument("--benchmark", required=True,
+                        help=f"benchmark: {', '.join(BENCHMARKS)}, or the recipe's own (eval.benchmarks.<key>.file)")
     parser.add_argument("--setting", required=True, help=f"sampling setting: {', '.join(SETTINGS)} (or a recipe's)")
     parser.add_argument("--out", required=True, help="FILE.jsonl (FILE.summary.json and FILE.cache.sqlite beside)")
     parser.add_argument("--recipe", help="study YAML; only its 'eval' section is read")

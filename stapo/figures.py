@@ -6,14 +6,17 @@ Kinds (``FIGURE_KINDS``), all methods of one model in one panel:
 
     entropy, reward     ``entropy_mean`` / ``reward_mean`` of metrics.jsonl vs training step
     silenced            ``silenced_fraction`` vs step (log scale, the positive values only; a 1e-4 reference line)
-    accuracy            accuracy vs step on the curve benchmark (AIME24 when evaluated, else the best-covered one),
-                        one series per (method, setting); the base model's score is step 0 of every method
+    accuracy            accuracy vs step on the study's curve benchmark (``workflow.curve_benchmark`` when evaluated,
+                        else the best-covered one), one series per (method, setting); the base model's score is
+                        step 0 of every method
     quadrants           mean closed-form ‖∇_a J‖ per probability × entropy quadrant (positive-advantage tokens),
                         count-weighted over the logged steps of diagnostics.jsonl, one bar group per method
     entropy_quantiles   the 10/25/50/75/90 % token-entropy quantiles of diagnostics.jsonl vs step
 
 x is the paper's training step, the rollout batch (verl's step): the optimiser steps of one rollout batch are
 averaged, as verl logs them, and ``checkpoint-N`` (named by TRL's optimiser step N) sits at its rollout step.
+Labels, the curve benchmark and the order of the settings come from the study (stapo.study.Study; the paper's
+defaults without one).
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from stapo import study as stapo_study
 from stapo.atomic import atomic_write
-from stapo.names import BENCHMARKS, METHODS, MODELS, SETTINGS, label
 
-__all__ = ["FIGURE_KINDS", "Series", "Panel", "figure_series", "draw_figure", "write_figures", "STEP_LABEL"]
+__all__ = ["FIGURE_KINDS", "Series", "Panel", "figure_series", "draw_figure", "write_figures", "STEP_LABEL",
+           "settings_order"]
 
 FIGURE_KINDS = ("entropy", "reward", "accuracy", "silenced", "quadrants", "entropy_quantiles")
 STEP_LABEL = "training step (rollout batches)"
@@ -122,7 +126,13 @@ def _metric_series(kind: str, metrics: dict, model: str, methods: list[str]) -> 
     return Panel(kind, tuple(series), STEP_LABEL, ylabel)
 
 
-def _accuracy_series(scores: list, metrics: dict, model: str, methods: list[str]) -> Panel:
+def settings_order(study, scores: list) -> list[str]:
+    """The settings of ``scores``: the study's order (eval.settings), then any others, sorted."""
+    seen = {s.setting for s in scores}
+    return [k for k in study.eval.settings if k in seen] + sorted(seen - set(study.eval.settings))
+
+
+def _accuracy_series(scores: list, metrics: dict, model: str, methods: list[str], study) -> Panel:
     """(step, accuracy) points per trained method and setting on the curve benchmark, base model at step 0."""
     mine = [s for s in scores if s.model == model]
     counts = defaultdict(int)
@@ -130,11 +140,12 @@ def _accuracy_series(scores: list, metrics: dict, model: str, methods: list[str]
         counts[s.benchmark] += 1
     if not counts:
         return Panel("accuracy", (), None, None)
-    bench = "aime24" if "aime24" in counts else max(counts, key=counts.get)
+    curve = study.workflow.curve_benchmark
+    bench = curve if curve in counts else max(counts, key=counts.get)
     series = []
     for method in [m for m in methods if m != "base"]:
         rows = metrics.get((model, method), [])
-        for setting in SETTINGS:
+        for setting in settings_order(study, mine):
             pts = sorted(p for p in ((step_of(s.ckpt, rows), s.accuracy) for s in mine
                                      if s.benchmark == bench and s.setting == setting and s.method in (method, "base"))
                          if p[0] is not None)
@@ -142,7 +153,7 @@ def _accuracy_series(scores: list, metrics: dict, model: str, methods: list[str]
                 xs, ys = zip(*pts)
                 series.append(Series(method, xs, ys, variant=setting))
     return Panel("accuracy", tuple(series), f"{STEP_LABEL}, 0 = base model",
-                 f"{label(BENCHMARKS, bench)} accuracy (%)")
+                 f"{study.label('benchmarks', bench)} accuracy (%)")
 
 
 def _quadrant_series(diagnostics: dict, model: str, methods: list[str]) -> Panel:
@@ -169,16 +180,17 @@ def _quantile_series(diagnostics: dict, model: str, methods: list[str]) -> Panel
 
 
 def figure_series(kind: str, model: str, scores: list, metrics: dict, methods: list[str],
-                  diagnostics: dict | None = None) -> Panel:
+                  diagnostics: dict | None = None, study=None) -> Panel:
     """What figure ``kind`` of ``model`` plots (module docstring); ``methods`` in their drawing order.
 
     ``scores``: the report's Score records; ``metrics`` / ``diagnostics``: ``(model, method) -> rows`` of
-    metrics.jsonl / diagnostics.jsonl (``stapo.report.load_metrics``). Raises ValueError for an unknown kind.
+    metrics.jsonl / diagnostics.jsonl (``stapo.report.load_metrics``); ``study``: a stapo.study.Study (default:
+    the paper's defaults). Raises ValueError for an unknown kind.
     """
     if kind in METRIC_PANELS:
         return _metric_series(kind, metrics, model, methods)
     if kind == "accuracy":
-        return _accuracy_series(scores, metrics, model, methods)
+        return _accuracy_series(scores, metrics, model, methods, study or stapo_study.default())
     if kind == "quadrants":
         return _quadrant_series(diagnostics or {}, model, methods)
     if kind == "entropy_quantiles":
@@ -189,25 +201,27 @@ def figure_series(kind: str, model: str, scores: list, metrics: dict, methods: l
 # ------------------------------------------------------------------------------------------------ drawing
 
 
-def _draw(ax, panel: Panel, methods: list[str]) -> None:
+def _draw(ax, panel: Panel, methods: list[str], study) -> None:
     from matplotlib.ticker import MaxNLocator
 
+    label = study.label
     kind = panel.kind
     if kind in METRIC_PANELS:  # markers on short runs, so identical curves (e.g. before divergence) stay visible
         for s in panel.series:
-            ax.plot(s.steps, s.values, label=label(METHODS, s.method), lw=1.4,
+            ax.plot(s.steps, s.values, label=label("methods", s.method), lw=1.4,
                     marker="o" if len(s.steps) <= 30 else None, ms=7 - 1.5 * (methods.index(s.method) % 4),
                     alpha=0.85)
     elif kind == "accuracy":
+        variants = list(dict.fromkeys(s.variant for s in panel.series))
         for s in panel.series:
-            style = ("-", "--")[list(SETTINGS).index(s.variant)]
+            style = ("-", "--", ":", "-.")[variants.index(s.variant) % 4]
             ax.plot(s.steps, s.values, style, marker="o", ms=3,
-                    label=f"{label(METHODS, s.method)} {SETTINGS[s.variant].label}")
+                    label=f"{label('methods', s.method)} {label('settings', s.variant)}")
     elif kind == "quadrants":
         width = 0.8 / max(1, len(panel.series))
         for j, s in enumerate(panel.series):
             xs = [i + (j - (len(panel.series) - 1) / 2) * width for i in range(len(s.steps))]
-            bars = ax.bar(xs, s.values, width=width, label=label(METHODS, s.method))
+            bars = ax.bar(xs, s.values, width=width, label=label("methods", s.method))
             ax.bar_label(bars, [f"n={int(n)}" for n in s.counts], fontsize=6, padding=1)
         ax.set_xticks(range(len(QUADRANT_LABELS)), list(QUADRANT_LABELS.values()), fontsize=7)
     else:  # entropy_quantiles: colour = method, line style = quantile
@@ -216,7 +230,7 @@ def _draw(ax, panel: Panel, methods: list[str]) -> None:
         for s in panel.series:
             median = s.variant == "entropy_q50"
             ax.plot(s.steps, s.values, styles[s.variant], color=colours[s.method], lw=1.8 if median else 0.9,
-                    label=label(METHODS, s.method) if median else None)
+                    label=label("methods", s.method) if median else None)
         if panel.series:  # the line styles, once, in grey
             for style, text in (("-", "median"), ("--", "25 / 75 %"), (":", "10 / 90 %")):
                 ax.plot([], [], style, color="grey", lw=0.9, label=text)
@@ -236,35 +250,36 @@ def _draw(ax, panel: Panel, methods: list[str]) -> None:
 
 
 def draw_figure(kind: str, model: str, scores: list, metrics: dict, methods: list[str],
-                diagnostics: dict | None = None):
+                diagnostics: dict | None = None, study=None):
     """One matplotlib figure of ``kind`` for ``model``: the :func:`figure_series` panel, or "no data"."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panel = figure_series(kind, model, scores, metrics, methods, diagnostics)
+    study = study or stapo_study.default()
+    panel = figure_series(kind, model, scores, metrics, methods, diagnostics, study)
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
-    _draw(ax, panel, methods)
+    _draw(ax, panel, methods, study)
     if not panel.series and kind != "silenced":  # the silenced figure always has its reference line
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
     elif ax.get_legend_handles_labels()[0]:
         above = kind in ("quadrants", "entropy_quantiles")  # these panels leave room for the legend at the top
         ax.legend(fontsize=7, frameon=False, loc="upper right" if above else "best",
                   ncol=4 if kind == "entropy_quantiles" else 1)
-    ax.set_title(f"{label(MODELS, model)}: {kind}", fontsize=10)
+    ax.set_title(f"{study.label('models', model)}: {kind}", fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def write_figures(out_dir: Path, models: list[str], methods: list[str], scores: list, metrics: dict,
-                  diagnostics: dict | None = None) -> None:
+                  diagnostics: dict | None = None, study=None) -> None:
     """``out_dir/figures/<model>_<kind>.{png,pdf}`` for every model and kind, each written atomically."""
     import matplotlib.pyplot as plt
 
     for model in models:
         for kind in FIGURE_KINDS:
-            fig = draw_figure(kind, model, scores, metrics, methods, diagnostics)
+            fig = draw_figure(kind, model, scores, metrics, methods, diagnostics, study)
             for ext in ("png", "pdf"):
                 buf = io.BytesIO()
                 fig.savefig(buf, format=ext)

@@ -216,7 +216,8 @@ def generate(cfg: EvalConfig, model_path: str, store: GenerationCache) -> tuple[
 
     lm = ResumableLM(build_lm(cfg, model_path), None, generation_identity(cfg, model_path),
                      CHUNK_REQUESTS[cfg.backend], SEEDING[cfg.backend], store=store)
-    meta = {"data_dir": cfg.data_dir, "tokenizer": model_path, "arith": cfg.arith or None}
+    meta = {"data_dir": cfg.data_dir, "tokenizer": model_path, "arith": cfg.arith or None, "name": cfg.benchmark,
+            "file": None if cfg.file is None else str(Path(cfg.file).resolve())}
     manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata=meta)
     name = task_name(cfg.benchmark)
     task = manager.load([name])["tasks"][name]

@@ -1,14 +1,19 @@
-"""The one registry of the names a study uses: key -> display label -> the paper table's key.
+"""The names a study uses: key -> display label -> the paper table's key.
 
-Every stage takes its names from here: the study schema's enums (``workflow/schemas/config.schema.yaml``, checked
-against this module by ``tests/test_study.py``), the benchmark registry (``stapo.tasks.registry``), the method
-registry (``stapo.study.METHODS``), the report's labels and its lookup of the paper's numbers
-(``stapo/reference/paper_v2_table.csv``, keyed by ``Name.paper``).
+Methods and benchmarks are declared once, where they are defined (stapo/methods.py, stapo.tasks.registry); this
+module derives their names from those declarations and adds the models and sampling settings of the paper. The
+study schema's name enums (stapo.study.check_schema fills them from here), the report's labels and its lookup of
+the paper's numbers (``stapo/reference/paper_v2_table.csv``, keyed by ``Name.paper``) read this module. A study
+may label its own keys (``methods.<key>.label``, ``eval.benchmarks.<key>.label``, ``eval.settings.<key>.label``;
+stapo.study.Study.label).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from stapo.methods import METHODS as _DECLARED_METHODS
+from stapo.tasks.registry import BENCHMARKS as _DECLARED_BENCHMARKS
 
 __all__ = ["Name", "MODELS", "METHODS", "MAIN_METHODS", "BASE", "BENCHMARKS", "PAPER_BENCHMARKS", "SETTINGS",
            "label", "paper_key"]
@@ -40,28 +45,10 @@ MODELS = _registry(
 )
 
 BASE = "base"  # method and checkpoint key of the untrained model
-METHODS = _registry(  # the table's row order
-    Name(BASE, "Base"),
-    Name("grpo", "GRPO", "GRPO"),
-    Name("entropy20", "20-Entropy", "20-Entropy"),
-    Name("justrl", "JustRL", "JustRL"),
-    Name("stapo", "STAPO", "STAPO"),
-    # ablations of the S2T mask (paper, Ablations; configs/ablations.yaml): no row in the paper's table
-    Name("stapo_high", "STAPO (mask high-H)"),
-    Name("stapo_random", "STAPO (mask random)"),
-    Name("stapo_full", "STAPO (mask all candidates)"),
-)
-MAIN_METHODS = ("grpo", "entropy20", "justrl", "stapo")  # the paper's four trained methods
+METHODS = _registry(Name(BASE, "Base"), *(Name(k, m.label, m.paper) for k, m in _DECLARED_METHODS.items()))
+MAIN_METHODS = tuple(k for k, m in _DECLARED_METHODS.items() if m.main)  # the paper's four trained methods
 
-BENCHMARKS = _registry(  # the table's column order
-    Name("aime24", "AIME24", "aime24"),
-    Name("aime25", "AIME25", "aime25"),
-    Name("amc23", "AMC23", "amc23"),
-    Name("math500", "MATH500", "math500"),
-    Name("minerva", "Minerva", "minerva"),
-    Name("olympiadbench", "OlympiadBench", "olympiadbench"),
-    Name("arith", "Arith"),  # synthetic arithmetic of the CPU miniature
-)
+BENCHMARKS = _registry(*(Name(k, b.label, b.paper) for k, b in _DECLARED_BENCHMARKS.items()))  # column order
 PAPER_BENCHMARKS = tuple(k for k, n in BENCHMARKS.items() if n.paper)  # the six of the paper (its Avg column)
 
 SETTINGS = _registry(  # the paper's two sampling settings; a table cell reads "first (second)"

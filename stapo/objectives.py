@@ -42,6 +42,7 @@ the 64 prompts × 8 completions of one optimiser step.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +60,10 @@ __all__ = [
     "quantile",
     "Thresholds",
     "step_thresholds",
+    "TOKEN_MASKS",
+    "THRESHOLDS",
+    "register_token_mask",
+    "register_thresholds",
 ]
 
 # --------------------------------------------------------------------------------------------- quantiles
@@ -113,6 +118,52 @@ def _quantile_or_nan(pool: Tensor, q: float) -> float:
     return float(quantile(pool, q)) if pool.numel() else math.nan
 
 
+# Registries (verl ``register_policy_loss`` style). A method's declaration (stapo/methods.py) names one token mask
+# and, if its mask reads any, one threshold function. Uniform signatures, all tensors as keywords:
+#   thresholds(cfg, *, logps, entropies, advantages, completion_mask) -> Thresholds
+#       over all the given tokens on every rank (it gathers: every rank calls it at the same time);
+#   token_mask(cfg, *, logps, entropies, advantages, completion_mask, thresholds, generator) -> (kept, silenced)
+#       Bool [B, T] each: the tokens that enter the loss, and those the mask silenced (reported as
+#       silenced_fraction; all False for masks that only keep); ``thresholds`` is None for a mask declared without.
+TOKEN_MASKS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {}
+THRESHOLDS: dict[str, Callable[..., Thresholds]] = {}
+
+
+def register_token_mask(name: str):
+    """Register a token-mask function under ``name`` (the ``token_mask`` of a method's declaration)."""
+    def register(fn):
+        if name in TOKEN_MASKS:
+            raise ValueError(f"token mask {name!r} is registered twice")
+        TOKEN_MASKS[name] = fn
+        return fn
+    return register
+
+
+def register_thresholds(name: str):
+    """Register a step-threshold function under ``name`` (the ``thresholds`` of a method's declaration)."""
+    def register(fn):
+        if name in THRESHOLDS:
+            raise ValueError(f"thresholds {name!r} are registered twice")
+        THRESHOLDS[name] = fn
+        return fn
+    return register
+
+
+@register_thresholds("top_entropy")
+def top_entropy_thresholds(cfg: ObjectiveConfig, *, entropies: Tensor, completion_mask: Tensor, **_) -> Thresholds:
+    """20-Entropy's cut: the (1 − ρ)-quantile of all completion tokens' entropies."""
+    pool = _gather_across_ranks(entropies.detach().float()[completion_mask.bool()])
+    return Thresholds(entropy_cut=_quantile_or_nan(pool, 1.0 - cfg.top_entropy_ratio))
+
+
+@register_thresholds("s2t")
+def s2t_thresholds(cfg: ObjectiveConfig, *, logps: Tensor, entropies: Tensor, advantages: Tensor,
+                   completion_mask: Tensor) -> Thresholds:
+    """S2T's τ_h (q-quantile) and stapo_high's (1 − q)-quantile of the candidates' entropies."""
+    cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=completion_mask, tau_p=cfg.tau_p)
+    return _s2t_thresholds(_gather_across_ranks(entropies.detach().float()[cand]), cfg.entropy_quantile)
+
+
 def step_thresholds(
     cfg: ObjectiveConfig, *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor,
 ) -> Thresholds:
@@ -120,17 +171,13 @@ def step_thresholds(
 
     logps, entropies, completion_mask: [N, T] for this rank's N completions of the step (the trainer passes
     π_old's, from the no-grad forward of the rollout batch); advantages: [N]. Every rank must call it at the
-    same time (it gathers). Cheap: one pass over [N, T] and a sort of the pools.
+    same time (it gathers). Cheap: one pass over [N, T] and a sort of the pools. Empty (all NaN) for a method
+    declared without thresholds.
     """
-    m = completion_mask.bool()
-    h = entropies.detach().float()
-    out = {}
-    if cfg.token_mask == "high_entropy":
-        out["entropy_cut"] = _quantile_or_nan(_gather_across_ranks(h[m]), 1.0 - cfg.top_entropy_ratio)
-    elif cfg.token_mask.startswith("s2t"):
-        cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=m, tau_p=cfg.tau_p)
-        return _s2t_thresholds(_gather_across_ranks(h[cand]), cfg.entropy_quantile)
-    return Thresholds(**out)
+    if cfg.thresholds is None:
+        return Thresholds()
+    return THRESHOLDS[cfg.thresholds](cfg, logps=logps, entropies=entropies, advantages=advantages,
+                                      completion_mask=completion_mask.bool())
 
 
 def _s2t_thresholds(pool: Tensor, q: float) -> Thresholds:
@@ -210,6 +257,69 @@ def ablation_silence_mask(
         out[idx[perm[:n_silence]]] = True
         return out.view_as(cand)
     raise ValueError(f"unknown S2T ablation {variant!r}; expected high, random or full")
+
+
+# The token masks of the declared methods (stapo/methods.py). Each keeps completion tokens only.
+
+@register_token_mask("all")
+def all_tokens(cfg: ObjectiveConfig, *, completion_mask: Tensor, **_) -> tuple[Tensor, Tensor]:
+    """GRPO, JustRL: every completion token."""
+    return completion_mask, torch.zeros_like(completion_mask)
+
+
+@register_token_mask("high_entropy")
+def top_entropy_tokens(cfg: ObjectiveConfig, *, entropies: Tensor, completion_mask: Tensor,
+                       thresholds: Thresholds, **_) -> tuple[Tensor, Tensor]:
+    """20-Entropy: the tokens at or above the step's entropy cut (NaN: no tokens, none kept)."""
+    kept = high_entropy_mask(entropies=entropies, completion_mask=completion_mask, ratio=cfg.top_entropy_ratio,
+                             cut=thresholds.entropy_cut)
+    return kept, torch.zeros_like(completion_mask)
+
+
+def _s2t_kwargs(cfg: ObjectiveConfig, logps, entropies, advantages, completion_mask) -> dict:
+    return dict(logps=logps, entropies=entropies, advantages=advantages, completion_mask=completion_mask,
+                tau_p=cfg.tau_p, q=cfg.entropy_quantile)
+
+
+@register_token_mask("s2t")
+def s2t_tokens(cfg: ObjectiveConfig, *, logps, entropies, advantages, completion_mask, thresholds: Thresholds,
+               **_) -> tuple[Tensor, Tensor]:
+    """STAPO: all but the S2T-silenced tokens."""
+    silenced = silence_mask(**_s2t_kwargs(cfg, logps, entropies, advantages, completion_mask), tau_h=thresholds.tau_h)
+    return completion_mask & ~silenced, silenced
+
+
+def _ablation(variant: str):
+    def mask(cfg: ObjectiveConfig, *, logps, entropies, advantages, completion_mask, thresholds=None,
+             generator=None) -> tuple[Tensor, Tensor]:
+        if generator is None and variant == "random":
+            generator = torch.Generator().manual_seed(cfg.seed)
+        silenced = ablation_silence_mask(variant, generator=generator, thresholds=thresholds,
+                                         **_s2t_kwargs(cfg, logps, entropies, advantages, completion_mask))
+        return completion_mask & ~silenced, silenced
+    mask.__doc__ = f"STAPO ablation: silence the S2T candidates by :func:`ablation_silence_mask` ({variant!r})."
+    return mask
+
+
+for _variant in ("high", "random", "full"):
+    register_token_mask(f"s2t_{_variant}")(_ablation(_variant))
+
+
+def kept_mask(
+    cfg: ObjectiveConfig, *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor,
+    generator: torch.Generator | None = None, thresholds: Thresholds | None = None,
+) -> tuple[Tensor, Tensor]:
+    """(kept, silenced), Bool [B, T]: the tokens that enter ``cfg.method``'s loss, and those its mask silenced.
+
+    thresholds: the optimiser step's (mini-batch scope); None computes them over the call (micro-batch scope), and
+    only for a method declared with thresholds.
+    """
+    m = completion_mask.bool()
+    tensors = dict(logps=logps, entropies=entropies, advantages=advantages, completion_mask=m)
+    if cfg.thresholds is not None and thresholds is None:
+        thresholds = THRESHOLDS[cfg.thresholds](cfg, **tensors)
+    kept, silenced = TOKEN_MASKS[cfg.token_mask](cfg, **tensors, thresholds=thresholds, generator=generator)
+    return m & kept, m & silenced
 
 
 # ------------------------------------------------------------------------------------------------ loss

@@ -5,9 +5,10 @@ Inputs:
     runs/<model>/<method>/metrics.jsonl                                 one line per optimiser step (``stapo train``)
     runs/<model>/<method>/diagnostics.jsonl, silenced_examples.jsonl   token diagnostics (train.diagnostics_every)
 Outputs (under ``--out``, each written atomically):
-    table.md     per model: rows = methods (+ the untrained base), columns = benchmarks + Avg, each cell
-                 "T1.0 (T0.7)" = accuracy (%) at (T 1.0, top-p 1.0) and (T 0.7, top-p 0.9); for the paper's
-                 models the paper's v2 numbers and our Δ follow each method's row. Accuracy is the rule grade
+    table.md     per model: rows = methods (+ the untrained base), columns = benchmarks + Avg, each cell the
+                 accuracy (%) at the study's first sampling setting, the others in parentheses (the paper's:
+                 "T1.0 (T0.7)" = (T 1.0, top-p 1.0) and (T 0.7, top-p 0.9)); for the paper's models the
+                 paper's v2 numbers and our Δ follow each method's row. Accuracy is the rule grade
                  corrected by the LLM verifier where the evaluation ran one (the paper's protocol), else the
                  strict rule grade; with a verifier, a "(rule only)" row follows each method
     table.tex    the same as LaTeX (booktabs)
@@ -18,6 +19,8 @@ Outputs (under ``--out``, each written atomically):
 
 The table uses the ``final`` checkpoint of each trained method and ``base`` for the untrained model. Avg is the
 mean over the benchmarks present; its CI half-width is sqrt(Σ h_i²)/k (independent benchmarks, normal approx.).
+Rows, columns, settings and labels follow the study (``--config``, read through stapo.study): any number of
+benchmarks and settings, a study's own labels (``label:``) and its curve benchmark.
 """
 
 from __future__ import annotations
@@ -29,11 +32,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+from stapo import study as stapo_study
 from stapo.atomic import atomic_write
-from stapo.figures import FIGURE_KINDS, write_figures  # FIGURE_KINDS: the figure files write_report writes
-from stapo.names import BENCHMARKS, METHODS, MODELS, PAPER_BENCHMARKS, SETTINGS, label, paper_key
+from stapo.figures import FIGURE_KINDS, settings_order, write_figures  # FIGURE_KINDS: the files write_report writes
+from stapo.names import BENCHMARKS, METHODS, MODELS, PAPER_BENCHMARKS, SETTINGS, paper_key
 
 __all__ = ["add_arguments", "run", "load_scores", "load_metrics", "load_paper", "write_report", "FIGURE_KINDS"]
 
@@ -134,17 +136,19 @@ def _ordered(keys, preferred):
     return [k for k in dict.fromkeys(preferred) if k in keys] + sorted(keys - set(preferred))
 
 
-def _layout(scores: list[Score], study: dict) -> dict[str, dict]:
-    """Per model: the methods (rows), benchmarks (columns) and the table's cells {(method, bench, setting): Score}."""
-    models = _ordered({s.model for s in scores}, list(study.get("models", {})))
-    method_order = list(METHODS) + list(study.get("methods", {}))  # the paper's row order first
+def _layout(scores: list[Score], study: stapo_study.Study) -> dict[str, dict]:
+    """Per model: the methods (rows), benchmarks (columns), settings and the table's cells
+    {(method, bench, setting): Score}."""
+    models = _ordered({s.model for s in scores}, list(study.models))
+    method_order = list(METHODS) + list(study.methods)  # the paper's row order first
     layout = {}
     for model in models:
-        cells = {(s.method, s.benchmark, s.setting): s for s in scores
-                 if s.model == model and s.ckpt == ("base" if s.method == "base" else "final")}
+        mine = [s for s in scores if s.model == model and s.ckpt == ("base" if s.method == "base" else "final")]
+        cells = {(s.method, s.benchmark, s.setting): s for s in mine}
         layout[model] = {
             "methods": _ordered({m for m, _, _ in cells}, method_order),
-            "benchmarks": _ordered({b for _, b, _ in cells}, list(BENCHMARKS)),
+            "benchmarks": _ordered({b for _, b, _ in cells}, list(BENCHMARKS) + list(study.eval.benchmarks)),
+            "settings": settings_order(study, mine),
             "cells": cells,
         }
     return layout
@@ -160,10 +164,10 @@ def row_average(cells: dict, method: str, benchmarks: list[str], setting: str) -
     return mean, mean - half, mean + half
 
 
-def _row_values(cells, method, benchmarks, field: str = "accuracy") -> dict[tuple[str, str], float | None]:
+def _row_values(entry, method, field: str = "accuracy") -> dict[tuple[str, str], float | None]:
     """``(benchmark|'avg', setting) -> accuracy`` (or another Score field, e.g. rule_accuracy) for one table row."""
-    vals = {}
-    for setting in SETTINGS:
+    cells, benchmarks, vals = entry["cells"], entry["benchmarks"], {}
+    for setting in entry["settings"]:
         for b in benchmarks:
             s = cells.get((method, b, setting))
             vals[(b, setting)] = getattr(s, field) if s else None
@@ -172,14 +176,14 @@ def _row_values(cells, method, benchmarks, field: str = "accuracy") -> dict[tupl
     return vals
 
 
-def _paper_values(paper, model, method, benchmarks) -> dict[tuple[str, str], float | None] | None:
+def _paper_values(paper, model, method, entry) -> dict[tuple[str, str], float | None] | None:
     """The paper's row of (model, method) in the table's cells, or None when the paper has no such row."""
     if not any(k[:2] == (model, method) for k in paper):
         return None
     # The paper's Avg covers the six benchmarks: compare it only when we have all six.
-    full = set(PAPER_BENCHMARKS) <= set(benchmarks)
+    full = set(PAPER_BENCHMARKS) <= set(entry["benchmarks"])
     return {(b, s): paper.get((model, method, b, s)) if (b != "avg" or full) else None
-            for b in list(benchmarks) + ["avg"] for s in SETTINGS}
+            for b in list(entry["benchmarks"]) + ["avg"] for s in entry["settings"]}
 
 
 def _fmt(v, signed=False) -> str:
@@ -188,29 +192,29 @@ def _fmt(v, signed=False) -> str:
     return f"{v:+.2f}" if signed else f"{v:.2f}"
 
 
-def _cell(vals, bench, signed=False) -> str:
-    """"first (second)": the value at each of the two settings."""
-    first, second = SETTINGS
-    return f"{_fmt(vals[(bench, first)], signed)} ({_fmt(vals[(bench, second)], signed)})"
+def _cell(vals, bench, settings, signed=False) -> str:
+    """"first (second, ...)": the value at the first setting, the others in parentheses."""
+    first, *others = [_fmt(vals[(bench, s)], signed) for s in settings]
+    return f"{first} ({', '.join(others)})" if others else first
 
 
-def table_rows(entry: dict, model: str, paper: dict) -> list[tuple[str, list[str]]]:
+def table_rows(entry: dict, model: str, paper: dict, study: stapo_study.Study) -> list[tuple[str, list[str]]]:
     """``[(row label, [cell per benchmark + Avg])]`` for one model: ours, then paper v2 and Δ for paper models."""
-    benches, rows = entry["benchmarks"], []
+    columns, settings, rows = entry["benchmarks"] + ["avg"], entry["settings"], []
     for method in entry["methods"]:
-        ours = _row_values(entry["cells"], method, benches)
-        name = label(METHODS, method)
-        rows.append((name, [_cell(ours, b) for b in benches + ["avg"]]))
+        ours = _row_values(entry, method)
+        name = study.label("methods", method)
+        rows.append((name, [_cell(ours, b, settings) for b in columns]))
         if _verified(entry):
-            rule = _row_values(entry["cells"], method, benches, "rule_accuracy")
-            rows.append((f"{name} (rule only)", [_cell(rule, b) for b in benches + ["avg"]]))
-        theirs = _paper_values(paper, model, method, benches)
+            rule = _row_values(entry, method, "rule_accuracy")
+            rows.append((f"{name} (rule only)", [_cell(rule, b, settings) for b in columns]))
+        theirs = _paper_values(paper, model, method, entry)
         if theirs is None:
             continue
         delta = {k: (ours[k] - theirs[k]) if ours.get(k) is not None and theirs[k] is not None else None
                  for k in theirs}
-        rows.append((f"{name} (paper v2)", [_cell(theirs, b) for b in benches + ["avg"]]))
-        rows.append((f"{name} Δ ours − paper", [_cell(delta, b, signed=True) for b in benches + ["avg"]]))
+        rows.append((f"{name} (paper v2)", [_cell(theirs, b, settings) for b in columns]))
+        rows.append((f"{name} Δ ours − paper", [_cell(delta, b, settings, signed=True) for b in columns]))
     return rows
 
 
@@ -219,9 +223,21 @@ def _verified(entry: dict) -> bool:
     return any(s.corrected_accuracy is not None for s in entry["cells"].values())
 
 
-def _footnotes(entry: dict, model: str) -> list[str]:
+def _settings_note(settings: list[str], study: stapo_study.Study) -> str:
+    def described(key):
+        try:
+            t = study.eval.setting(key)
+        except KeyError:
+            return study.label("settings", key)
+        return f"T {t['temperature']:g} / top-p {t['top_p']:g}"
+
+    first, *others = [described(s) for s in settings]
+    return f"at {first}" + (f" ({', '.join(others)})" if others else "")
+
+
+def _footnotes(entry: dict, model: str, study: stapo_study.Study) -> list[str]:
     benches = entry["benchmarks"]
-    notes = ["Cells: accuracy (%), avg@n over samples, at T 1.0 / top-p 1.0 (T 0.7 / top-p 0.9); 95 % CIs in "
+    notes = [f"Cells: accuracy (%), avg@n over samples, {_settings_note(entry['settings'], study)}; 95 % CIs in "
              "scores.csv. Trained methods: final checkpoint; Base: the untrained model."]
     if _verified(entry):
         notes.append("Accuracy: strict rule grade (final \\boxed{} answer, math-verify) corrected by the LLM "
@@ -232,29 +248,29 @@ def _footnotes(entry: dict, model: str) -> list[str]:
                      "scores.csv.")
     missing = [BENCHMARKS[b].label for b in PAPER_BENCHMARKS if b not in benches]
     if missing or len(benches) != len(PAPER_BENCHMARKS):
-        present = ", ".join(label(BENCHMARKS, b) for b in benches)
+        present = ", ".join(study.label("benchmarks", b) for b in benches)
         notes.append(f"Avg is over the {len(benches)} benchmark(s) present ({present}), not the paper's six"
                      + (f"; not evaluated: {', '.join(missing)}." if missing else "."))
     protocol = sorted({(s.benchmark, s.problems, s.n_samples) for s in entry["cells"].values()},
-                      key=lambda t: list(BENCHMARKS).index(t[0]) if t[0] in BENCHMARKS else 99)
+                      key=lambda t: benches.index(t[0]) if t[0] in benches else len(benches))
     if protocol:
-        notes.append("Protocol: " + "; ".join(f"{label(BENCHMARKS, b)} {p} problems × avg@{n}"
+        notes.append("Protocol: " + "; ".join(f"{study.label('benchmarks', b)} {p} problems × avg@{n}"
                                               for b, p, n in protocol) + ".")
     if paper_key(MODELS, model) is not None:
         notes.append("Paper numbers: STAPO v2 Table 2 (stapo/reference/paper_v2_table.csv); Δ = ours − paper.")
     return notes
 
 
-def render_markdown(layout: dict, paper: dict, study: dict) -> str:
-    lines = [f"# STAPO reproduction — study `{study.get('study', 'unnamed')}`", ""]
+def render_markdown(layout: dict, paper: dict, study: stapo_study.Study) -> str:
+    lines = [f"# STAPO reproduction — study `{study.name}`", ""]
     for model, entry in layout.items():
         benches = entry["benchmarks"]
-        lines += [f"## {label(MODELS, model)}", ""]
-        lines.append("| Method | " + " | ".join(label(BENCHMARKS, b) for b in benches) + " | Avg |")
+        lines += [f"## {study.label('models', model)}", ""]
+        lines.append("| Method | " + " | ".join(study.label("benchmarks", b) for b in benches) + " | Avg |")
         lines.append("|---|" + "---|" * (len(benches) + 1))
-        lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in table_rows(entry, model, paper)]
+        lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in table_rows(entry, model, paper, study)]
         lines.append("")
-        lines += [f"{i}. {note}" for i, note in enumerate(_footnotes(entry, model), 1)]
+        lines += [f"{i}. {note}" for i, note in enumerate(_footnotes(entry, model, study), 1)]
         lines.append("")
     if not layout:
         lines += ["No score summaries found.", ""]
@@ -268,17 +284,18 @@ def _tex_escape(text: str) -> str:
     return text
 
 
-def render_latex(layout: dict, paper: dict, study: dict) -> str:
-    out = [f"% STAPO reproduction, study {study.get('study', 'unnamed')}: accuracy (%) T1.0 (T0.7)"]
+def render_latex(layout: dict, paper: dict, study: stapo_study.Study) -> str:
+    out = [f"% STAPO reproduction, study {study.name}: accuracy (%) at the first setting (the others)"]
     for model, entry in layout.items():
         benches = entry["benchmarks"]
-        out += [r"\begin{table}[t]", r"\centering", r"\small",
-                rf"\caption{{{_tex_escape(label(MODELS, model))}: accuracy (\%), "
-                r"$T{=}1.0$ ($T{=}0.7$, top-$p$ 0.9).}",
+        caption = _tex_escape(f"{study.label('models', model)}: accuracy (%), "
+                              f"{_settings_note(entry['settings'], study)}.")
+        out += [r"\begin{table}[t]", r"\centering", r"\small", rf"\caption{{{caption}}}",
                 r"\begin{tabular}{l" + "c" * (len(benches) + 1) + "}", r"\toprule",
-                " & ".join(["Method"] + [label(BENCHMARKS, b) for b in benches] + ["Avg"]) + r" \\", r"\midrule"]
-        out += [" & ".join(_tex_escape(x) for x in [label] + cells) + r" \\"
-                for label, cells in table_rows(entry, model, paper)]
+                " & ".join(["Method"] + [_tex_escape(study.label("benchmarks", b)) for b in benches] + ["Avg"])
+                + r" \\", r"\midrule"]
+        out += [" & ".join(_tex_escape(x) for x in [name] + cells) + r" \\"
+                for name, cells in table_rows(entry, model, paper, study)]
         out += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
     return "\n".join(out)
 
@@ -301,7 +318,7 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
     for model, entry in layout.items():
         full = set(PAPER_BENCHMARKS) <= set(entry["benchmarks"])
         for method in entry["methods"]:
-            for setting in SETTINGS:
+            for setting in entry["settings"]:
                 avg = row_average(entry["cells"], method, entry["benchmarks"], setting)
                 if avg is None:
                     continue
@@ -312,7 +329,8 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
     return buf.getvalue()
 
 
-def render_examples(examples: dict, models: list[str], methods: list[str], per_run: int = 20) -> str:
+def render_examples(examples: dict, models: list[str], methods: list[str], study: stapo_study.Study,
+                    per_run: int = 20) -> str:
     """Markdown table of logged silenced tokens (the paper's table of spurious-token examples)."""
     def esc(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", "⏎").replace("`", "'")
@@ -327,7 +345,7 @@ def render_examples(examples: dict, models: list[str], methods: list[str], per_r
             if not rows:
                 continue
             found = True
-            lines += [f"## {label(MODELS, model)} / {label(METHODS, method)}", "",
+            lines += [f"## {study.label('models', model)} / {study.label('methods', method)}", "",
                       "| step | context | token | p | H | Â | top-5 alternatives (p) |", "|---|---|---|---|---|---|---|"]
             for r in rows:
                 top = ", ".join(f"`{esc(t['token'])}` {t['p']:.3f}" for t in r["top"])
@@ -350,22 +368,21 @@ def _load_examples(runs_dir) -> dict[tuple[str, str], list[dict]]:
 # ---------------------------------------------------------------------------------------------- entry points
 
 
-def write_report(scores_dir, runs_dir, out_dir, study: dict | None = None, paper_csv=PAPER_CSV) -> dict:
+def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None = None, paper_csv=PAPER_CSV) -> dict:
     """Write table.md, table.tex, scores.csv and the figures; return the per-model layout."""
-    study = study or {}
+    study = study or stapo_study.default()
     out_dir = Path(out_dir)
     scores, metrics, paper = load_scores(scores_dir), load_metrics(runs_dir), load_paper(paper_csv)
     layout = _layout(scores, study)
     atomic_write(out_dir / "table.md", render_markdown(layout, paper, study))
     atomic_write(out_dir / "table.tex", render_latex(layout, paper, study))
     atomic_write(out_dir / "scores.csv", render_csv(scores, layout, paper))
-    selected = (study.get("workflow") or {}).get("models")  # the workflow's subset of the study's models
-    models = selected or _ordered(set(layout) | {m for m, _ in metrics} | set(study.get("models", {})),
-                                  list(study.get("models", {})))
-    methods = _ordered({m for _, m in metrics} | {s.method for s in scores} | set(study.get("methods", {})),
-                       list(METHODS) + list(study.get("methods", {})))
-    write_figures(out_dir, models, methods, scores, metrics, load_metrics(runs_dir, "diagnostics.jsonl"))
-    atomic_write(out_dir / "silenced_examples.md", render_examples(_load_examples(runs_dir), models, methods))
+    models = study.workflow.models or _ordered(set(layout) | {m for m, _ in metrics} | set(study.models),
+                                               list(study.models))
+    methods = _ordered({m for _, m in metrics} | {s.method for s in scores} | set(study.methods),
+                       list(METHODS) + list(study.methods))
+    write_figures(out_dir, models, methods, scores, metrics, load_metrics(runs_dir, "diagnostics.jsonl"), study)
+    atomic_write(out_dir / "silenced_examples.md", render_examples(_load_examples(runs_dir), models, methods, study))
     return layout
 
 
@@ -374,16 +391,12 @@ def add_arguments(parser) -> None:
                         help="directory of <model>/<method>/<ckpt>/<bench>/<setting>.summary.json")
     parser.add_argument("--runs", default="runs", help="directory of <model>/<method>/metrics.jsonl")
     parser.add_argument("--out", default="results", help="output directory (table.md, table.tex, scores.csv, figures/)")
-    parser.add_argument("--config", default=None, help="study YAML (orders models/methods, names the study)")
+    parser.add_argument("--config", default=None,
+                        help="study YAML (its models, methods, benchmarks, settings and labels; default the paper's)")
 
 
 def run(args) -> int:
-    study = {}
-    if args.config:
-        with open(args.config, encoding="utf-8") as f:
-            study = yaml.safe_load(f) or {}
-        if not isinstance(study, dict):
-            raise ValueError(f"{args.config}: expected a YAML mapping")
+    study = stapo_study.read(args.config, required=(), check_runs=False) if args.config else None
     layout = write_report(args.scores, args.runs, args.out, study)
     print(f"report: {sum(len(e['methods']) for e in layout.values())} rows for {len(layout)} model(s) -> {args.out}")
     return 0

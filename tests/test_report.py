@@ -12,6 +12,7 @@ import pytest
 
 from stapo import report
 from stapo.atomic import atomic_write_json
+from stapo import study as stapo_study
 from stapo.figures import FIGURE_KINDS, figure_series, step_of, step_series
 from stapo.names import PAPER_BENCHMARKS
 
@@ -24,6 +25,16 @@ CELL = re.compile(r"^-?\d+\.\d{2} \(-?\d+\.\d{2}\)$")
 def _summary(path: Path, acc: float, half: float = 2.0, n: int = 4, problems: int = 30) -> None:
     atomic_write_json(path, {"avg_at_n": acc, "ci95": [acc - half, acc + half], "n_samples": n,
                              "problems": problems, "samples": n * problems})
+
+
+def study_of(name: str = "synthetic", models=(), methods=(), **sections) -> stapo_study.Study:
+    """A parsed study of ``models`` (any spec) and ``methods`` (each its own objective) over ``sections``."""
+    config = {"study": name, **sections}
+    if models:
+        config["models"] = {m: {"spec": "x"} for m in models}
+    if methods:
+        config["methods"] = {m: {"objective": m} for m in methods}
+    return stapo_study.parse(config, required=(), check_runs=False)
 
 
 def _write_study(tmp: Path, model: str, benchmarks, ckpts=("final",)) -> tuple[Path, Path]:
@@ -54,8 +65,7 @@ def _rows(table: str) -> dict[str, list[str]]:
 
 def test_paper_model_table_has_paper_numbers_and_delta(tmp_path):
     scores, runs = _write_study(tmp_path, PAPER_MODEL, PAPER_BENCHMARKS)
-    study = {"study": "synthetic", "models": {PAPER_MODEL: {}}, "methods": {m: {} for m in METHODS}}
-    report.write_report(scores, runs, tmp_path / "results", study)
+    report.write_report(scores, runs, tmp_path / "results", study_of("synthetic", [PAPER_MODEL], METHODS))
     table = (tmp_path / "results" / "table.md").read_text()
     rows = _rows(table)
     labels = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")][1:]
@@ -96,7 +106,7 @@ def test_csv_has_every_cell_with_ci_and_averages(tmp_path):
 
 def test_miniature_table_only_present_benchmarks_and_footnote(tmp_path):
     scores, runs = _write_study(tmp_path, "smollm2-135m", ("arith", "aime24"), ckpts=("final", "checkpoint-2"))
-    report.write_report(scores, runs, tmp_path / "results", {"study": "tiny"})
+    report.write_report(scores, runs, tmp_path / "results", study_of("tiny"))
     table = (tmp_path / "results" / "table.md").read_text()
     assert "| Method | AIME24 | Arith | Avg |" in table
     rows = _rows(table)
@@ -243,7 +253,7 @@ def test_silenced_examples_table(tmp_path):
                "advantage": 0.8, "top": [{"token": " 7", "p": 0.91}] + [{"token": f"t{i}", "p": 0.01} for i in range(4)]}
     (runs / "m" / "stapo" / "silenced_examples.jsonl").write_text(json.dumps(example) + "\n")
     out = tmp_path / "results"
-    report.write_report(scores, runs, out, {"models": {"m": {}}})
+    report.write_report(scores, runs, out, study_of(models=["m"]))
     md = (out / "silenced_examples.md").read_text()
     assert "## m / STAPO" in md and "` seven`" in md and "1.50e-04" in md and "` 7` 0.910" in md
     assert "answer \\| is" in md  # a pipe in the context cannot break the table
@@ -252,7 +262,7 @@ def test_silenced_examples_table(tmp_path):
 
 def test_examples_table_says_when_nothing_was_logged(tmp_path):
     scores, runs = _write_study(tmp_path, "m", ["arith"])
-    report.write_report(scores, runs, tmp_path / "results", {"models": {"m": {}}})
+    report.write_report(scores, runs, tmp_path / "results", study_of(models=["m"]))
     assert "No examples logged" in (tmp_path / "results" / "silenced_examples.md").read_text()
 
 
@@ -277,7 +287,7 @@ def test_verifier_corrected_accuracy_headlines_the_table_and_the_rule_grade_foll
                 "avg_at_n": rule, "ci95": [rule - 1, rule + 1], "avg_at_n_corrected": corrected,
                 "ci95_corrected": [corrected - 3, corrected + 3], "avg_at_n_fallback": rule + 5,
                 "truncation_rate": 7.5, "no_box_rate": 40.0, "n_samples": 4, "problems": 30})
-    report.write_report(scores, runs, tmp_path / "results", {"study": "v"})
+    report.write_report(scores, runs, tmp_path / "results", study_of("v"))
     table = (tmp_path / "results" / "table.md").read_text()
     rows = _rows(table)
     assert rows["STAPO"][0] == "26.00 (26.00)" and rows["STAPO (rule only)"][0] == "20.00 (20.00)"
@@ -292,6 +302,6 @@ def test_verifier_corrected_accuracy_headlines_the_table_and_the_rule_grade_foll
 
 def test_without_verifier_the_table_says_rule_only_and_has_no_extra_rows(tmp_path):
     scores, runs = _write_study(tmp_path, "m", ("arith",))
-    report.write_report(scores, runs, tmp_path / "results", {"study": "tiny"})
+    report.write_report(scores, runs, tmp_path / "results", study_of("tiny"))
     table = (tmp_path / "results" / "table.md").read_text()
     assert not any("(rule only)" in label for label in _rows(table)) and "no LLM-verifier correction" in table

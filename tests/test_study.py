@@ -18,6 +18,7 @@ import yaml
 from stapo import cli, names, study
 from stapo.models import PAPER_MODELS
 from stapo.study.evaluation import BenchmarkEntry
+from stapo.methods import METHODS
 from stapo.tasks import registry
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,8 +73,9 @@ BAD = [
     ("micro-batch-split", _set("train.per_device_train_batch_size", 3), "per_device_train_batch_size"),
     ("top_p-range", _set("train.top_p", 1.5), "top_p"),
     ("learning_rate-zero", _set("train.learning_rate", 0.0), "learning_rate"),
-    ("eval-setting-name", lambda c: c["eval"]["settings"].update({"t1.0_p0.95": {"temperature": 1.0, "top_p": 0.95}}),
-     "t1.0_p0.95"),
+    ("eval-benchmark-no-file", lambda c: c["eval"]["benchmarks"].update({"gsm_tiny": {"samples": 2}}), "gsm_tiny"),
+    ("eval-setting-no-top-p", lambda c: c["eval"]["settings"].update({"t0.6": {"temperature": 0.6}}), "t0.6"),
+    ("curve-setting-unknown", _set("workflow.curve_settings", ["t0.6_p0.95"]), "t0.6_p0.95"),
     ("eval-backend", _set("eval.backend", "tgi"), "tgi"),
     ("workflow-typo", _set("workflow.eval_bse", True), "eval_bse"),
 ]
@@ -199,22 +201,20 @@ def _fields(cls) -> set:
 def test_schema_keys_are_the_dataclass_fields():
     assert _props() == set(study.SECTIONS)
     assert _props("models", "*") == _fields(study.ModelEntry)
-    assert _props("methods", "*") == _fields(study.ObjectiveConfig) - {"method"} | {"objective"}
+    assert _props("methods", "*") == _fields(study.ObjectiveConfig) - {"method"} | {"objective", "label"}
     assert _props("eval") == _fields(study.EvalSection)
     assert _props("eval", "benchmarks", "*") == _fields(BenchmarkEntry)
     assert _props("workflow") == _fields(study.WorkflowSection)
 
 
-def test_schema_names_are_the_registry():
-    props = SCHEMA["properties"]
-    objectives = set(props["methods"]["additionalProperties"]["properties"]["objective"]["enum"])
-    assert objectives == set(study.OBJECTIVES) == set(names.METHODS) - {names.BASE}
+def test_schema_names_are_the_declarations():
+    props = study.study_schema()["properties"]
+    objectives = props["methods"]["additionalProperties"]["properties"]["objective"]["enum"]
+    assert objectives == list(METHODS) == list(study.OBJECTIVES) == [m for m in names.METHODS if m != names.BASE]
     assert props["methods"]["propertyNames"]["not"]["const"] == names.BASE
-    benchmarks = set(props["eval"]["properties"]["benchmarks"]["propertyNames"]["enum"])
-    assert benchmarks == set(names.BENCHMARKS) == set(registry.BENCHMARKS)
-    settings = set(props["eval"]["properties"]["settings"]["propertyNames"]["enum"])
-    curve = set(props["workflow"]["properties"]["curve_settings"]["items"]["enum"])
-    assert settings == curve == set(names.SETTINGS) == set(registry.SETTINGS)
+    assert list(names.BENCHMARKS) == list(registry.BENCHMARKS)
+    assert {k: n.label for k, n in names.BENCHMARKS.items()} == {k: b.label for k, b in registry.BENCHMARKS.items()}
+    assert set(names.SETTINGS) == set(registry.SETTINGS)
     assert set(names.MODELS) == set(PAPER_MODELS)
 
 

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import yaml
 
+from stapo import names
 from stapo.errors import UserError
+from stapo.methods import METHODS
 from stapo.models import check_spec
 from stapo.schedule import optimizer_steps_per_rollout
 from stapo.study.evaluation import EvalSection
@@ -35,7 +37,7 @@ from stapo.study.objective import OBJECTIVES, ObjectiveConfig, get_objective
 from stapo.study.train import TrainSettings, accumulation, train_settings
 
 __all__ = ["SCHEMA", "StudyError", "Study", "ModelEntry", "WorkflowSection", "Plan", "load", "parse", "read",
-           "check_schema", "resolve_plan", "curve_checkpoints", "TRAIN_SECTIONS", "EvalSection", "ObjectiveConfig",
+           "check_schema", "study_schema", "resolve_plan", "default", "curve_checkpoints", "TRAIN_SECTIONS", "EvalSection", "ObjectiveConfig",
            "OBJECTIVES", "get_objective", "TrainSettings", "train_settings", "accumulation"]
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
@@ -136,6 +138,25 @@ class Study:
     eval: EvalSection
     workflow: WorkflowSection
     source: str = "config"
+    labels: dict = field(default_factory=dict)  # {"methods": {key: label}}: the study's own labels (``label``)
+
+    def label(self, kind: str, key: str) -> str:
+        """What tables and figures call ``key`` of ``kind`` ("models", "methods", "benchmarks", "settings"): the
+        study's ``label``, else the registry's (stapo.names), else ``T<temperature>/p<top_p>`` for a setting the
+        study declares, else the key itself."""
+        own = {"methods": self.labels.get("methods", {}),
+               "benchmarks": {k: b.label for k, b in self.eval.benchmarks.items() if b.label},
+               "settings": {k: s["label"] for k, s in self.eval.settings.items() if s.get("label")}}.get(kind, {})
+        if key in own:
+            return own[key]
+        registry = {"models": names.MODELS, "methods": names.METHODS, "benchmarks": names.BENCHMARKS,
+                    "settings": names.SETTINGS}[kind]
+        if key in registry:
+            return registry[key].label
+        if kind == "settings" and key in self.eval.settings:
+            setting = self.eval.settings[key]
+            return f"T{setting['temperature']:g}/p{setting['top_p']:g}"
+        return key
 
     def plan(self, model: str, method: str, *, max_steps: int | None = None, seed: int | None = None) -> Plan:
         """The resolved (model, method) run: the method's objective and the train section with the model's
@@ -155,6 +176,13 @@ class Study:
         """The ``train`` section with ``models.<model>.train`` (and ``overrides``) over it, validated."""
         section = {**dataclasses.asdict(self.train), **self.models[model].train, **overrides}
         return _checked(self.source, lambda: train_settings(section, f"models.{model}.train"))
+
+    @property
+    def curve_settings(self) -> list[str]:
+        """The settings of the accuracy-curve evaluations: ``workflow.curve_settings`` (default the training-aligned
+        t1.0_p1.0) among the study's settings, else its first setting."""
+        chosen = [s for s in self.workflow.curve_settings or self.eval.settings if s in self.eval.settings]
+        return chosen or list(self.eval.settings)[:1]
 
     @property
     def run_models(self) -> list[str]:
@@ -208,6 +236,14 @@ def _message(err) -> str:
     return f"{path or 'top level'}: {err.message[:_MAX]}"
 
 
+def study_schema() -> dict:
+    """The study schema (``SCHEMA``) with its name enums filled from the declarations (stapo/methods.py)."""
+    schema = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
+    methods = schema["properties"]["methods"]["additionalProperties"]["properties"]
+    methods["objective"]["enum"] = list(METHODS)
+    return schema
+
+
 def check_schema(config: dict, *, source: str = "config", required: tuple[str, ...] | None = None) -> None:
     """The structure of ``config`` against the study schema; StudyError names the first bad key (and how many more).
 
@@ -216,7 +252,7 @@ def check_schema(config: dict, *, source: str = "config", required: tuple[str, .
     """
     import jsonschema
 
-    schema = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
+    schema = study_schema()
     if required is not None:  # a command's recipe: only what that command reads (eval defaults fill the rest)
         schema["required"] = list(required)
         schema["properties"]["eval"].pop("required")
@@ -234,6 +270,7 @@ def check_schema(config: dict, *, source: str = "config", required: tuple[str, .
 def _objective(key: str, entry: dict) -> ObjectiveConfig:
     entry = dict(entry or {})
     name = entry.pop("objective", key)
+    entry.pop("label", None)  # the study's display label (Study.label), not a hyper-parameter
     known = {f.name for f in dataclasses.fields(ObjectiveConfig)} - {"method"}
     unknown = sorted(set(entry) - known)
     if unknown:
@@ -277,7 +314,14 @@ def parse(config: dict, *, source: str = "config", required: tuple[str, ...] | N
         eval=_checked(source, lambda: EvalSection.from_dict(config.get("eval"))),
         workflow=WorkflowSection(**{k: v for k, v in (config.get("workflow") or {}).items()}),
         source=source,
+        labels={"methods": {k: v["label"] for k, v in (config.get("methods") or {}).items()
+                            if isinstance(v, dict) and v.get("label")}},
     )
+    if "eval" in config and "curve_settings" in (config.get("workflow") or {}):
+        missing = [s for s in study.workflow.curve_settings or () if s not in study.eval.settings]
+        if missing:
+            raise StudyError(f"{source}: workflow.curve_settings: {missing[0]!r} is not a key of eval.settings "
+                             f"({', '.join(study.eval.settings)})")
     unknown = [m for m in study.workflow.models or () if m not in study.models]
     if unknown:
         raise StudyError(f"{source}: workflow.models: {unknown[0]!r} is not a key of models "
@@ -289,6 +333,11 @@ def parse(config: dict, *, source: str = "config", required: tuple[str, ...] | N
             _checked(source, lambda: accumulation(settings, max(1, study.models[model].gpus)))
             _checked(source, lambda: curve_checkpoints(study, model))
     return study
+
+
+def default() -> Study:
+    """The empty study: no models or methods, the paper's train, eval and workflow defaults."""
+    return parse({}, source="defaults", required=())
 
 
 def read(path: str | os.PathLike, *, required: tuple[str, ...] | None = None, check_runs: bool = True) -> Study:

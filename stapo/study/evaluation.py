@@ -2,7 +2,9 @@
 
 ``benchmarks`` and ``settings`` list what the study evaluates (the workflow plans one job per benchmark ×
 setting); a benchmark or setting the section does not list falls back to the paper's (stapo.tasks.registry), so
-``stapo eval`` can run any of them with any study file. ``hf: {batch_size: 4}`` keeps the other ``hf`` defaults.
+``stapo eval`` can run any of them with any study file. A benchmark is data: a key the registry does not know
+evaluates its own ``file`` (``{file: mine.jsonl, label: Mine, samples: 8}``), and any setting key may be declared
+with its ``temperature`` and ``top_p``. ``hf: {batch_size: 4}`` keeps the other ``hf`` defaults.
 ``stapo eval`` resolves one (benchmark, setting) job from the section (stapo.evaluate.resolve_config), the command
 line overriding it.
 """
@@ -13,7 +15,7 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 
-from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS, SETTINGS
+from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS, FILE_SAMPLES, SETTINGS
 
 __all__ = ["EvalSection", "EvalConfig", "BenchmarkEntry", "BACKENDS", "VERIFIER_DEFAULTS", "VERIFIER_KEYS", "check_verifier_config"]
 
@@ -31,12 +33,19 @@ class BenchmarkEntry:
     """One entry of ``eval.benchmarks``.
 
     Attributes:
-        samples: N samples per problem (avg@N); None = the paper's N for the benchmark (stapo.tasks.registry).
+        file: the benchmark's own jsonl (rows id, problem, answer; a path, relative to the working directory):
+            required for a key the registry (stapo.tasks.registry) does not ship; for a shipped one it replaces
+            ``eval.data_dir``'s file.
+        label: what tables and figures show (default: the registry's label, else the key).
+        samples: N samples per problem (avg@N); None = the paper's N for a shipped benchmark, else
+            ``FILE_SAMPLES`` (4).
         limit: evaluate only the first N problems (overrides ``eval.limit``).
         max_new_tokens: response budget (overrides ``eval.max_new_tokens``).
         n, seed, difficulty: ``arith`` only: the generated problems (stapo.data.synthetic_arith_rows).
     """
 
+    file: str | None = None
+    label: str | None = None
     samples: int | None = None
     limit: int | None = None
     max_new_tokens: int | None = None
@@ -60,10 +69,10 @@ class EvalSection:
             a directory of ``<benchmark>.jsonl`` files.
         max_new_tokens: response budget in tokens (paper 20,480).
         limit: evaluate only the first N problems of each benchmark (None = all).
-        benchmarks: the benchmarks evaluated: key -> :class:`BenchmarkEntry` (keys of stapo.names.BENCHMARKS;
-            default all).
-        settings: the sampling settings evaluated: key -> ``{temperature, top_p}`` (keys of
-            stapo.names.SETTINGS; default both of the paper's).
+        benchmarks: the benchmarks evaluated: key -> :class:`BenchmarkEntry` (a shipped benchmark of
+            stapo.tasks.registry, or any key with its own ``file``; default all shipped ones).
+        settings: the sampling settings evaluated: key -> ``{temperature, top_p}`` and an optional ``label``
+            (default the paper's two, stapo.tasks.registry.SETTINGS).
         hf: lm-eval ``hf`` model arguments (CPU defaults: batch size 8, float32).
         vllm: lm-eval ``vllm`` model arguments over the device's defaults (stapo.vllm_settings.eval_engine_args).
         verifier: the LLM-verifier stage (stapo.verifier), e.g. ``{model: opencompass/CompassVerifier-3B}``
@@ -91,12 +100,13 @@ class EvalSection:
         base = cls()
         benchmarks = {} if "benchmarks" in section else dict(base.benchmarks)
         for key, entry in (section.pop("benchmarks", None) or {}).items():
-            if key not in BENCHMARKS:
-                raise ValueError(f"eval.benchmarks: unknown benchmark {key!r}; expected one of {sorted(BENCHMARKS)}")
             fields_ = {f.name for f in dataclasses.fields(BenchmarkEntry)}
             bad = sorted(set(entry or {}) - fields_)
             if bad:
                 raise ValueError(f"eval.benchmarks.{key}: unknown key(s) {bad}; expected {sorted(fields_)}")
+            if key not in BENCHMARKS and not (entry or {}).get("file"):
+                raise ValueError(f"eval.benchmarks.{key}: not a shipped benchmark ({', '.join(BENCHMARKS)}): give "
+                                 "its rows as file: <path.jsonl>")
             benchmarks[key] = BenchmarkEntry(**(entry or {}))
         settings = section.pop("settings", None) or base.settings
         hf = {**base.hf, **(section.pop("hf", None) or {})}
@@ -116,9 +126,7 @@ class EvalSection:
                 if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                     raise ValueError(f"eval.benchmarks.{key}.{name}: expected an integer >= 1, got {value!r}")
         for key, setting in self.settings.items():
-            if key not in SETTINGS:
-                raise ValueError(f"eval.settings: unknown setting {key!r}; expected one of {sorted(SETTINGS)}")
-            if set(setting or {}) != {"temperature", "top_p"}:
+            if set(setting or {}) - {"label"} != {"temperature", "top_p"}:
                 raise ValueError(f"eval.settings.{key}: expected {{temperature, top_p}}, got {setting!r}")
             if not (setting["temperature"] >= 0 and 0 < setting["top_p"] <= 1):
                 raise ValueError(f"eval.settings.{key}: need temperature >= 0 and top_p in (0, 1], got {setting}")
@@ -135,12 +143,23 @@ class EvalSection:
         """``{temperature, top_p}`` of setting ``key``: the section's, else the paper's; KeyError if neither."""
         if key not in self.settings and key not in SETTINGS:
             raise KeyError(key)
-        return self.settings.get(key) or SETTINGS[key]
+        setting = self.settings.get(key) or SETTINGS[key]
+        return {"temperature": setting["temperature"], "top_p": setting["top_p"]}
 
     def samples(self, benchmark: str) -> int:
-        """N of ``benchmark``: the section's, else the paper's."""
+        """N of ``benchmark``: the section's, else the paper's (``FILE_SAMPLES`` for a study's own file)."""
         entry = self.benchmark(benchmark)
-        return entry.samples if entry.samples is not None else BENCHMARKS[benchmark].samples
+        if entry.samples is not None:
+            return entry.samples
+        return BENCHMARKS[benchmark].samples if benchmark in BENCHMARKS else FILE_SAMPLES
+
+    def known(self, benchmark: str) -> bool:
+        """Whether ``benchmark`` can be evaluated: shipped, or listed here with its own file."""
+        return benchmark in BENCHMARKS or bool(self.benchmark(benchmark).file)
+
+    def uses_data_dir(self, benchmark: str) -> bool:
+        """Whether ``benchmark``'s rows come from ``data_dir`` (a shipped file benchmark without its own file)."""
+        return benchmark in BENCHMARKS and benchmark != "arith" and not self.benchmark(benchmark).file
 
 
 def check_verifier_config(section) -> None:
@@ -178,6 +197,7 @@ class EvalConfig:
     limit: int | None
     data_dir: str | None
     seed: int
+    file: str | None = None  # the benchmark's own jsonl (eval.benchmarks.<key>.file); None: from data_dir
     backend_args: dict = field(default_factory=dict)
     arith: dict = field(default_factory=dict)
     verifier: dict | None = None

@@ -1,24 +1,18 @@
 """The ``methods`` section of a study: one :class:`ObjectiveConfig` per method, over the paper's defaults.
 
-Each method declares what the trainer needs to know about it: its token mask (``token_mask``, which tokens enter
-the loss; ``uses_thresholds`` when it needs entropy thresholds) and its loss aggregation (``loss_agg_mode``,
-verl's names). The math is in stapo.objectives; this module has no torch import (configs are checked before it
-loads).
+The methods, their token masks, whether those read entropy thresholds, and their paper defaults are declared in
+stapo/methods.py (one declaration each); ``OBJECTIVES`` are those defaults as configs. The math is in
+stapo.objectives; this module has no torch import (configs are checked before it loads).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-__all__ = ["ObjectiveConfig", "OBJECTIVES", "TOKEN_MASKS", "AGG_MODES", "SCOPES", "get_objective"]
+from stapo.methods import METHODS
 
-# method -> the token mask that selects the tokens of its loss (kept_mask dispatches on it):
-#   all           every completion token (grpo, justrl)
-#   high_entropy  20-Entropy: the top-ρ entropy tokens
-#   s2t           STAPO: all but the S2T-silenced tokens; s2t_high / s2t_random / s2t_full: its ablations
-TOKEN_MASKS = {"grpo": "all", "justrl": "all", "entropy20": "high_entropy", "stapo": "s2t", "stapo_high": "s2t_high",
-               "stapo_random": "s2t_random", "stapo_full": "s2t_full"}
-_METHOD_NAMES = tuple(TOKEN_MASKS)
+__all__ = ["ObjectiveConfig", "OBJECTIVES", "AGG_MODES", "SCOPES", "get_objective"]
+
 AGG_MODES = ("token-mean", "seq-mean-token-mean")
 SCOPES = ("mini_batch", "micro_batch")
 
@@ -28,10 +22,10 @@ class ObjectiveConfig:
     """Hyper-parameters of one policy objective.
 
     Attributes:
-        method: one of "grpo", "entropy20", "justrl", "stapo", or a STAPO ablation (paper, Ablations):
-            "stapo_high" silences the HIGH-entropy candidates (H > quantile(H[cand], 1 − q), as many as S2T would),
-            "stapo_random" silences a random subset of candidates of S2T's size (seeded by ``seed``),
-            "stapo_full" silences every candidate (the paper's "FullMask" probe).
+        method: a declared method (stapo/methods.py): "grpo", "entropy20", "justrl", "stapo", or a STAPO
+            ablation (paper, Ablations): "stapo_high" silences the HIGH-entropy candidates
+            (H > quantile(H[cand], 1 − q), as many as S2T would), "stapo_random" a random subset of candidates of
+            S2T's size (seeded by ``seed``), "stapo_full" every candidate (the paper's "FullMask" probe).
         eps_low: lower clip ε_low; the ratio is clipped at 1 − ε_low (paper: 0.2).
         eps_high: upper clip ε_high; the ratio is clipped at 1 + ε_high (paper: 0.28, GRPO 0.2).
         kl_beta: weight β of the k3 KL estimator to the reference policy (GRPO only; DeepSeekMath: 0.04).
@@ -67,17 +61,22 @@ class ObjectiveConfig:
 
     @property
     def token_mask(self) -> str:
-        """The token mask of this method (``TOKEN_MASKS``)."""
-        return TOKEN_MASKS[self.method]
+        """The registered token mask of this method (its declaration in stapo/methods.py)."""
+        return METHODS[self.method].token_mask
+
+    @property
+    def thresholds(self) -> str | None:
+        """The entropy thresholds its token mask reads (declared, never inferred); None: none."""
+        return METHODS[self.method].thresholds
 
     @property
     def uses_thresholds(self) -> bool:
-        """True when the token mask needs entropy thresholds (20-Entropy, STAPO and its ablations)."""
-        return self.token_mask != "all"
+        """True when the token mask reads per-step entropy thresholds (its declaration says which)."""
+        return self.thresholds is not None
 
     def __post_init__(self) -> None:
-        if self.method not in _METHOD_NAMES:
-            raise ValueError(f"method: unknown method {self.method!r}; expected one of {list(_METHOD_NAMES)}")
+        if self.method not in METHODS:
+            raise ValueError(f"method: unknown method {self.method!r}; expected one of {list(METHODS)}")
         if not 0.0 <= self.eps_low < 1.0:
             raise ValueError(f"eps_low: must be in [0, 1), got {self.eps_low}")
         if self.eps_high < 0.0:
@@ -101,23 +100,11 @@ class ObjectiveConfig:
             raise ValueError(f"quantile_scope: unknown scope {self.quantile_scope!r}; expected one of {list(SCOPES)}")
 
 
-OBJECTIVES: dict[str, ObjectiveConfig] = {
-    # GRPO: symmetric clip, k3 KL to the reference, verl's default dual clip c = 3, sequence-mean of token-means
-    "grpo": ObjectiveConfig("grpo", eps_low=0.2, eps_high=0.2, kl_beta=0.04, clip_ratio_c=3.0,
-                            loss_agg_mode="seq-mean-token-mean"),
-    # JustRL family (JustRL's verl script: clip 0.2 / 0.28, clip_ratio_c 10, token-mean)
-    "entropy20": ObjectiveConfig("entropy20"),
-    "justrl": ObjectiveConfig("justrl"),
-    "stapo": ObjectiveConfig("stapo"),
-    # ablations of the S2T mask (paper, Ablations); not part of the main table
-    "stapo_high": ObjectiveConfig("stapo_high"),
-    "stapo_random": ObjectiveConfig("stapo_random"),
-    "stapo_full": ObjectiveConfig("stapo_full"),
-}
+OBJECTIVES: dict[str, ObjectiveConfig] = {key: ObjectiveConfig(key, **m.defaults) for key, m in METHODS.items()}
 
 
 def get_objective(method: str, **overrides) -> ObjectiveConfig:
     """The paper's config for ``method``, with keyword overrides (validated)."""
-    if method not in OBJECTIVES:
-        raise ValueError(f"method: unknown method {method!r}; expected one of {sorted(OBJECTIVES)}")
-    return replace(OBJECTIVES[method], **overrides)
+    if method not in METHODS:
+        raise ValueError(f"method: unknown method {method!r}; expected one of {list(METHODS)}")
+    return ObjectiveConfig(method, **{**METHODS[method].defaults, **overrides})

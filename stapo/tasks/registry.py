@@ -8,6 +8,10 @@ Every benchmark yields rows ``{id, problem, answer}`` from the ``data_dir`` sour
 * any other value: a directory holding ``<file>`` in the same jsonl format;
 * for ``arith``, always ``stapo.data.synthetic_arith_rows`` (the CPU miniature's synthetic benchmark).
 
+A study's own benchmark is data, not code: ``eval.benchmarks.<key>: {file: path.jsonl, label: ..., samples: N}``
+reads that file (whatever ``data_dir`` says) through the one generic task ``stapo_file``; a shipped benchmark
+given a ``file`` reads it instead of its own.
+
 The loader warns when the row count differs from ``expected_rows`` (OlympiadBench: JustRL's 674 or the original 675).
 lm-eval reaches this module through ``custom_dataset`` (named by the task YAMLs), which also renders the training
 prompt (``stapo.data.build_prompt`` with the model's tokenizer) into a ``prompt`` column.
@@ -25,7 +29,8 @@ from stapo.data import build_prompt, synthetic_arith_rows
 from stapo.grading import grade
 
 __all__ = ["Benchmark", "BENCHMARKS", "SETTINGS", "TASKS_DIR", "BUNDLED_DATA_DIR", "HUB", "load_rows", "read_benchmark_file",
-           "benchmark_file", "custom_dataset", "task_name"]
+           "benchmark_file", "custom_dataset", "task_name",
+           "FILE_TASK", "FILE_SAMPLES"]
 
 log = logging.getLogger("stapo.tasks")
 
@@ -36,18 +41,21 @@ BUNDLED, HUB = "bundled", "hub"  # data_dir keywords
 
 @dataclass(frozen=True)
 class Benchmark:
-    """One evaluation benchmark.
+    """One evaluation benchmark the harness ships (a study's own file needs none: ``eval.benchmarks.<key>.file``).
 
+    label:         what tables and figures show.
     file:          local jsonl name under the data dir (fields id, problem, answer).
-    hub_id:        Hugging Face dataset id used when no data dir is given (None: no hub copy, e.g. arith).
+    hub_id:        Hugging Face dataset id used with ``data_dir: hub`` (None: no hub copy, e.g. arith).
     hub_config:    dataset config name on the hub (None: default).
     hub_split:     split holding the problems.
     problem_field: hub column with the problem text.
     answer_field:  hub column with the gold answer (lists are joined with "," as JustRL does).
     expected_rows: accepted row counts; any other count logs a warning.
     samples:       N samples per problem in the paper (avg@N).
+    paper:         the key of the paper's results table (None: not one of the paper's six).
     """
 
+    label: str
     file: str
     hub_id: str | None
     hub_config: str | None
@@ -56,19 +64,27 @@ class Benchmark:
     answer_field: str
     expected_rows: tuple[int, ...]
     samples: int
+    paper: str | None = None
 
 
-BENCHMARKS: dict[str, Benchmark] = {
-    "aime24": Benchmark("aime24.jsonl", "HuggingFaceH4/aime_2024", None, "train", "problem", "answer", (30,), 32),
-    "aime25": Benchmark("aime25.jsonl", "math-ai/aime25", None, "test", "problem", "answer", (30,), 32),
-    "amc23": Benchmark("amc23.jsonl", "math-ai/amc23", None, "test", "question", "answer", (40,), 32),
-    "math500": Benchmark("math500.jsonl", "HuggingFaceH4/MATH-500", None, "test", "problem", "answer", (500,), 4),
-    "minerva": Benchmark("minerva_math.jsonl", "math-ai/minervamath", None, "test", "question", "answer", (272,), 4),
-    "olympiadbench": Benchmark("olympiadbench.jsonl", "Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train",
-                               "question", "final_answer", (674, 675), 4),
+BENCHMARKS: dict[str, Benchmark] = {  # the table's column order; each also has its task YAML stapo_<key>.yaml
+    "aime24": Benchmark("AIME24", "aime24.jsonl", "HuggingFaceH4/aime_2024", None, "train", "problem", "answer",
+                        (30,), 32, paper="aime24"),
+    "aime25": Benchmark("AIME25", "aime25.jsonl", "math-ai/aime25", None, "test", "problem", "answer", (30,), 32,
+                        paper="aime25"),
+    "amc23": Benchmark("AMC23", "amc23.jsonl", "math-ai/amc23", None, "test", "question", "answer", (40,), 32,
+                       paper="amc23"),
+    "math500": Benchmark("MATH500", "math500.jsonl", "HuggingFaceH4/MATH-500", None, "test", "problem", "answer",
+                         (500,), 4, paper="math500"),
+    "minerva": Benchmark("Minerva", "minerva_math.jsonl", "math-ai/minervamath", None, "test", "question", "answer",
+                         (272,), 4, paper="minerva"),
+    "olympiadbench": Benchmark("OlympiadBench", "olympiadbench.jsonl", "Hothan/OlympiadBench", "OE_TO_maths_en_COMP",
+                               "train", "question", "final_answer", (674, 675), 4, paper="olympiadbench"),
     # Synthetic arithmetic for the CPU miniature: generated, not downloaded (n rows, see ARITH_DEFAULTS).
-    "arith": Benchmark("arith.jsonl", None, None, "test", "problem", "answer", (), 4),
+    "arith": Benchmark("Arith", "arith.jsonl", None, None, "test", "problem", "answer", (), 4),
 }
+FILE_TASK = "stapo_file"  # the generic lm-eval task of a study's own benchmark file (stapo_file.yaml)
+FILE_SAMPLES = 4  # avg@N of a study's own benchmark unless its entry says (the paper's N for its larger sets)
 ARITH_DEFAULTS = dict(n=64, seed=1234, difficulty=1)  # seed differs from the training set's default (0)
 
 # Sampling settings of the paper (Evaluation protocol): the training-aligned one and JustRL's default.
@@ -79,9 +95,9 @@ SETTINGS: dict[str, dict[str, float]] = {
 
 
 def task_name(benchmark: str) -> str:
-    """The lm-eval task name of a benchmark key (``math500`` -> ``stapo_math500``)."""
-    get_benchmark(benchmark)
-    return f"stapo_{benchmark}"
+    """The lm-eval task of a benchmark key: ``stapo_<key>`` for a shipped one (``math500`` -> ``stapo_math500``),
+    the generic ``stapo_file`` for a study's own file."""
+    return f"stapo_{benchmark}" if benchmark in BENCHMARKS else FILE_TASK
 
 
 def get_benchmark(name: str) -> Benchmark:
@@ -120,8 +136,11 @@ def read_benchmark_file(path: Path) -> list[dict]:
     return rows
 
 
-def benchmark_file(name: str, data_dir: str | Path | None) -> Path | None:
-    """The jsonl a benchmark is read from (None for the hub and for the generated ``arith``)."""
+def benchmark_file(name: str, data_dir: str | Path | None, file: str | Path | None = None) -> Path | None:
+    """The jsonl a benchmark is read from: its own ``file`` when given (``eval.benchmarks.<key>.file``), else the
+    shipped benchmark's file under ``data_dir``; None for the hub and for the generated ``arith``."""
+    if file is not None:
+        return Path(file)
     bench = get_benchmark(name)
     if name == "arith" or data_dir == HUB:
         return None
@@ -148,9 +167,15 @@ def _arith_rows(n: int, seed: int, difficulty: int) -> list[dict]:
             for i, r in enumerate(rows)]
 
 
-def load_rows(name: str, data_dir: str | Path | None = None, *, n: int | None = None, seed: int | None = None,
-              difficulty: int | None = None) -> list[dict]:
-    """Rows ``{id, problem, answer}`` of benchmark ``name`` from ``data_dir`` (see the module docstring)."""
+def load_rows(name: str, data_dir: str | Path | None = None, *, file: str | Path | None = None,
+              n: int | None = None, seed: int | None = None, difficulty: int | None = None) -> list[dict]:
+    """Rows ``{id, problem, answer}`` of benchmark ``name``: its own ``file``, else from ``data_dir`` (see the
+    module docstring)."""
+    if file is not None:
+        path = Path(file)
+        if not path.is_file():
+            raise FileNotFoundError(f"benchmark {name!r}: {path} not found (eval.benchmarks.{name}.file)")
+        return read_benchmark_file(path)
     bench = get_benchmark(name)
     if name == "arith":
         d = ARITH_DEFAULTS
@@ -178,15 +203,22 @@ def _tokenizer(spec: str | None):
 
 
 def custom_dataset(benchmark: str, data_dir: str | None = None, tokenizer: str | None = None,
-                   pretrained: str | None = None, arith: dict | None = None, **_):
+                   pretrained: str | None = None, arith: dict | None = None, file: str | None = None,
+                   name: str | None = None, **_):
     """lm-eval ``custom_dataset`` hook: a DatasetDict with a ``test`` split and the rendered ``prompt`` column.
 
-    lm-eval passes the task metadata (``stapo eval`` puts ``data_dir`` and ``tokenizer`` there; lm-eval's own CLI
-    passes ``pretrained`` from ``--model_args``) and the task's ``dataset_kwargs`` (``benchmark``).
+    lm-eval passes the task metadata (``stapo eval`` puts ``data_dir`` and ``tokenizer`` there, and for a study's
+    own benchmark its ``name`` and ``file``; lm-eval's own CLI passes ``pretrained`` from ``--model_args``) and the
+    task's ``dataset_kwargs`` (``benchmark``: the shipped benchmark's key, or ``file`` for the generic task).
     """
     import datasets
 
-    rows = load_rows(benchmark, data_dir, **(arith or {}))
+    if benchmark == "file":
+        if not file:
+            raise ValueError(f"{FILE_TASK}: needs the benchmark file in the task metadata (stapo eval passes it)")
+        rows = load_rows(name or Path(file).stem, file=file)
+    else:
+        rows = load_rows(benchmark, data_dir, **(arith or {}))
     tok = _tokenizer(tokenizer or pretrained)
     for row in rows:
         row["prompt"] = build_prompt(row["problem"], tok)

@@ -8,7 +8,7 @@ import json
 import yaml
 
 from stapo.atomic import atomic_write
-from stapo.names import BASE, PAPER_BENCHMARKS
+from stapo.names import BASE
 from stapo.report import FIGURE_KINDS
 from stapo import study as stapo_study  # not `parse` itself: the Snakefile namespace has its own
 
@@ -45,19 +45,24 @@ def recipe_file(sections):
     return path
 
 
+def unlabelled(entry):
+    """A config entry without its display ``label``: a new label changes no job's recipe (nothing reruns)."""
+    return {k: v for k, v in (entry or {}).items() if k != "label"}
+
+
 def train_recipe_of(model, method):
     """models.<model> (spec and per-model train overrides: not resources), methods.<method>, train."""
     entry = config["models"][model]
     return recipe_file({"models": {model: {k: entry[k] for k in ("spec", "train") if k in entry}},
-                        "methods": {method: config["methods"][method]}, "train": config["train"]})
+                        "methods": {method: unlabelled(config["methods"][method])}, "train": config["train"]})
 
 
 def eval_recipe_of(benchmark, setting):
     """The eval section's options with this benchmark's and this setting's entries only."""
     ev = config["eval"]
     section = {k: v for k, v in ev.items() if k not in ("benchmarks", "settings")}
-    section["benchmarks"] = {benchmark: ev["benchmarks"].get(benchmark, {})}
-    section["settings"] = {setting: ev["settings"][setting]}
+    section["benchmarks"] = {benchmark: unlabelled(ev["benchmarks"].get(benchmark))}
+    section["settings"] = {setting: unlabelled(ev["settings"][setting])}
     return recipe_file({"eval": section})
 
 
@@ -73,11 +78,17 @@ STUDY_RECIPE = recipe_file(config)
 
 
 def benchmarks():
-    """Benchmarks of the study; real ones are dropped when the miniature has no local data dir."""
+    """Benchmarks of the study; those read from eval.data_dir are dropped when the miniature has none."""
     names = list(STUDY.eval.benchmarks)
     if WF.real_benchmarks_need_data_dir and not STUDY.eval.data_dir:
-        names = [b for b in names if b not in PAPER_BENCHMARKS]
+        names = [b for b in names if not STUDY.eval.uses_data_dir(b)]
     return names
+
+
+def benchmark_input(wildcards):
+    """A benchmark's own file (eval.benchmarks.<key>.file) is the job's input: editing it reruns the job."""
+    file = STUDY.eval.benchmark(wildcards.benchmark).file
+    return [file] if file else []
 
 
 def score_file(model, method, ckpt, benchmark, setting):
@@ -88,7 +99,7 @@ def all_summaries():
     """One summary per (model, method, checkpoint, benchmark, setting) evaluation job of the study."""
     full = WF.checkpoints
     curve_bench = WF.curve_benchmark
-    curve_settings = WF.curve_settings or SETTINGS
+    curve_settings = STUDY.curve_settings
     files = []
     for model in MODELS:
         runs = [(method, ckpt) for method in METHODS for ckpt in full]

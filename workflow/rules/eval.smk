@@ -6,6 +6,7 @@
 rule evaluate:
     input:
         eval_model_input,
+        benchmark_input,
         recipe=ancient(eval_recipe),  # content-addressed: its name changes iff the job's config does
     output:
         samples="scores/{model}/{method}/{ckpt}/{benchmark}/{setting}.jsonl",
@@ -19,7 +20,7 @@ rule evaluate:
         model="|".join(map(re.escape, MODELS)),
         method="|".join(map(re.escape, METHODS + [BASE])),
         ckpt=f"final|checkpoint-[0-9]+|{BASE}",
-        benchmark="[a-z0-9]+",
+        benchmark="|".join(map(re.escape, STUDY.eval.benchmarks)),
         setting="|".join(map(re.escape, SETTINGS)),
     threads: WF.threads
     resources:
