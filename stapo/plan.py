@@ -74,6 +74,7 @@ class Throughputs:
     eval_tokens_per_s: float | None = None
     engine_start_s: float = 60.0
     gpu: str | None = None
+    device: str | None = None  # where they were measured: "cuda", or "cpu" (gpu_check --cpu-smoke's rehearsal)
     models: dict = field(default_factory=dict)  # model key -> {<throughput key>: tokens/s} measured on that model
 
 
