@@ -159,7 +159,7 @@ def test_tiny_study_through_the_slurm_profile(tmp_path):
     bin_dir, log = recording_bin(tmp_path)
     study = tiny_study(tmp_path)
     t0 = time.monotonic()
-    proc = subprocess.run(snakemake_cmd(tmp_path, "--configfile", study, "--jobs", "2",
+    proc = subprocess.run(snakemake_cmd(tmp_path, "--configfile", study, "--jobs", "2", "--slurm-keep-successful-logs",
                                         "--slurm-init-seconds-before-status-checks", "10", "--", "results/table.md"),
                           env=snakemake_env(bin_dir), capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stderr[-6000:]
