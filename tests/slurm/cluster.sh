@@ -122,5 +122,5 @@ if [ $# -gt 0 ]; then
   "$@"
 else
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
-    "$PY" -m pytest -q -m slurm -p no:cacheprovider tests/test_slurm.py
+    "$PY" -m pytest -q -rP -m slurm -p no:cacheprovider tests/test_slurm.py  # -rP: the measured figures
 fi
