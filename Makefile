@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # CPU miniature needs torch's CPU build from local disk: pin it in the same pip call as the project.
 PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q
 
-.PHONY: install test test-fast test-vllm demo bench clean
+.PHONY: install test test-fast test-vllm test-slurm demo bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -54,6 +54,12 @@ $(VLLM_STAMP): pyproject.toml Makefile
 test-vllm: $(VLLM_STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
 	  $(VLLM_VENV)/bin/python -m pytest -q -m vllm -p no:cacheprovider tests
+
+# make test-slurm (root): a real one-node SLURM cluster on this machine from Debian's packages, and the SLURM tests
+# on it (pytest -m slurm: the tiny study through workflow/profiles/slurm, cancel and resume, failing jobs, the paper
+# study's requests). tests/slurm/cluster.sh installs, configures and starts the daemons, and stops exactly those.
+test-slurm: $(STAMP)
+	PY=$(BIN)/python bash tests/slurm/cluster.sh
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_objectives.py

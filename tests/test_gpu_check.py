@@ -72,7 +72,7 @@ def test_summary_arithmetic(gc):
     # steady state drops the first step: median step 31 s, rollout 10 s of 64,000 tokens
     assert methods["justrl"]["rollout_tokens_per_s"] == 6400
     assert methods["justrl"]["train_tokens_per_s"] == pytest.approx(64 * (100 + 1000) / 21)
-    assert tp == {"gpu": "H200", "reference_params_b": 1.7, "rollout_tokens_per_s": 6400.0,
+    assert tp == {"gpu": "H200", "device": "cuda", "reference_params_b": 1.7, "rollout_tokens_per_s": 6400.0,
                   "train_tokens_per_s": round(64 * 1100 / 21, 1), "eval_tokens_per_s": 5000.0, "engine_start_s": 30.0}
     assert "step time stapo / justrl = 1.100" in gc.report(methods, ev, tp)  # 34.1 / 31
 
@@ -85,9 +85,32 @@ def test_without_gpu_it_fails_fast_and_names_the_fix(tmp_path):
     assert not (tmp_path / "model").exists()
 
 
+def test_cpu_smoke_defaults_fit_the_tiny_model(gc):
+    """--cpu-smoke's defaults are toy sizes: the engine's context (max prompt + completion) fits the tiny model's
+    4,096 positions (the GPU defaults, 1,024 + 4,096, do not); explicit flags still win."""
+    from stapo.models import resolve_model
+
+    args = gc.parse_args(["--cpu-smoke"])
+    assert (args.steps, args.prompts, args.completion_length, args.micro_batch, args.eval_problems,
+            args.eval_samples) == (2, 1, 16, 4, 2, 2)
+    train = gc.build_recipe(args, "/m")["train"]
+    context = train["max_prompt_length"] + train["max_completion_length"]
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(resolve_model(gc.SMOKE_MODEL))
+    assert context <= config.max_position_embeddings < 1024 + 4096
+    assert gc.parse_args(["--cpu-smoke", "--completion-length", "32"]).completion_length == 32
+    _, tp = gc.summarize({"justrl": {"step_seconds": [2.0], "prompt_tokens_mean": 10.0, "peak_reserved_gib": 1.0,
+                                     "device_used_gib": 1.0,
+                                     "rollouts": [{"seconds": 1.0, "tokens": 64, "completions": 8}]}},
+                         {"tokens": 10, "generation_s": 1.0, "engine_start_s": 1.0, "samples": 4}, "cpu (smoke)")
+    assert tp["device"] == "cpu"  # so that stapo plan can tell a CPU rehearsal's throughputs from a GPU's
+
+
 def test_cpu_smoke_recipe_differs_only_in_precision_and_engine_memory(gc):
-    gpu = gc.build_recipe(gc.parse_args([]), "/m")["train"]
-    cpu = gc.build_recipe(gc.parse_args(["--cpu-smoke"]), "/m")["train"]
+    sizes = ["--prompts", "4", "--completion-length", "4096", "--micro-batch", "1"]
+    gpu = gc.build_recipe(gc.parse_args(sizes), "/m")["train"]
+    cpu = gc.build_recipe(gc.parse_args(["--cpu-smoke", *sizes]), "/m")["train"]
     assert (gpu["bf16"], gpu["gradient_checkpointing"], gpu["vllm_gpu_memory_utilization"]) == (True, True, 0.5)
     assert (cpu["bf16"], cpu["gradient_checkpointing"], cpu["vllm_gpu_memory_utilization"]) == (False, False, None)
     assert {k: v for k, v in gpu.items() if k not in ("bf16", "gradient_checkpointing", "vllm_gpu_memory_utilization")} \

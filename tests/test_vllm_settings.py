@@ -176,8 +176,9 @@ def test_cpu_build_on_a_gpu_machine(tmp_path, monkeypatch):
 
 def test_cpu_env_respects_the_user(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     assert V.prepare_env("cuda") == {} and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
-    assert V.prepare_env("cpu") == {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    assert V.prepare_env("cpu") == {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")
     assert V.prepare_env("cpu") == {} and os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
 

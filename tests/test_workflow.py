@@ -279,8 +279,9 @@ def test_slurm_profile_submits_gpu_jobs(tmp_path):
     calls = [line for line in log.read_text().splitlines() if line.split()[0].endswith("sbatch")]
     train = next(c for c in calls if "rule_train" in c)
     evaluate = next(c for c in calls if "rule_evaluate" in c)
+    # CPUs from the model entries: workflow.threads (8) per GPU process
     assert "--gpus=8" in train and "--cpus-per-task=64" in train and "--mem 256000" in train
-    assert "--gpus=1" in evaluate and "--cpus-per-task=16" in evaluate
+    assert "--gpus=1" in evaluate and "--cpus-per-task=8" in evaluate
     for call in (train, evaluate):
         assert "-A myacct" in call and "-p gpu" in call and " -t " in call
 

@@ -64,6 +64,8 @@ class ModelEntry:
         gpus: GPUs (processes) of one training job; 0 = CPU; > 1 launches through ``accelerate``.
         accelerate_config: accelerate / DeepSpeed config file, required when gpus > 1.
         eval_gpus: GPUs of one evaluation job (None: 1 if gpus > 0 else 0).
+        train_cpus, eval_cpus: CPUs of one training / evaluation job (None: ``workflow.threads`` per process,
+            one process per GPU: threads × max(1, GPUs)).
         train_mem_mb, train_runtime, eval_mem_mb, eval_runtime: cluster resources of this model's jobs (MB,
             minutes); None = the workflow section's.
         train: overrides of the ``train`` section for this model (e.g. the 14B's vLLM memory fraction).
@@ -73,6 +75,8 @@ class ModelEntry:
     gpus: int = 0
     accelerate_config: str | None = None
     eval_gpus: int | None = None
+    train_cpus: int | None = None
+    eval_cpus: int | None = None
     train_mem_mb: int | None = None
     train_runtime: int | None = None
     eval_mem_mb: int | None = None
@@ -82,6 +86,12 @@ class ModelEntry:
     @property
     def eval_devices(self) -> int:
         return self.eval_gpus if self.eval_gpus is not None else (1 if self.gpus > 0 else 0)
+
+    def cpus(self, job: str, threads: int) -> int:
+        """CPUs of one ``job`` ("train" / "eval"): the explicit entry, else ``threads`` per process (per GPU)."""
+        explicit = self.train_cpus if job == "train" else self.eval_cpus
+        devices = self.gpus if job == "train" else self.eval_devices
+        return explicit if explicit is not None else threads * max(1, devices)
 
 
 @dataclass(frozen=True)
@@ -98,7 +108,8 @@ class WorkflowSection:
         curve_settings: sampling settings of the curve evaluations (None = all of ``eval.settings``).
         eval_base: also evaluate the untrained model (method and checkpoint ``base``).
         real_benchmarks_need_data_dir: only ``arith`` runs unless ``eval.data_dir`` is set (offline miniature).
-        threads: threads of each training and evaluation job.
+        threads: CPU threads per process of a training or evaluation job: a job of N GPUs gets N × threads CPUs
+            (a CPU job: threads), unless its model sets ``train_cpus`` / ``eval_cpus``.
         train_mem_mb, train_runtime, eval_mem_mb, eval_runtime: default job resources (MB of node memory,
             minutes per attempt; a retried training job resumes from its last checkpoint).
     """

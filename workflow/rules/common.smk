@@ -1,5 +1,6 @@
 # Config checks and the helpers the rules use (functions only: rules live in the other .smk files).
 import hashlib
+import os
 import re
 import sys
 from pathlib import Path
@@ -21,6 +22,20 @@ def config_error(err):
     """One line on stderr and exit status 1: the bad key, not a schema dump or a traceback."""
     sys.exit(f"stapo config error: {err}")
 
+
+def check_profile_variables():
+    """A profile's ``${VAR}`` whose variable is unset or empty stops the run with one line, before any job is
+    submitted (Snakemake keeps an unset variable as written: sbatch would get the literal ``${STAPO_SLURM_...}``)."""
+    defaults = workflow.resource_settings.default_resources
+    for arg in getattr(defaults, "args", None) or []:
+        for var in re.findall(r"\$\{(\w+)\}|\$(\w+)", arg):
+            name = var[0] or var[1]
+            if not os.environ.get(name):
+                key = arg.split("=", 1)[0]
+                sys.exit(f"stapo profile error: {name} is not set: export {name}=<value> (default resource {key})")
+
+
+check_profile_variables()
 
 try:  # the whole study, as `stapo train` / `stapo eval` check it (stapo.study.parse), before any job
     STUDY = stapo_study.parse(config, source=SOURCE)
@@ -125,6 +140,15 @@ def model_opt(model, key):
     """Per-model resource (models.<model>.<key>), else the workflow-wide one."""
     value = getattr(STUDY.models[model], key)
     return getattr(WF, key) if value is None else value
+
+
+def train_cpus(wildcards):
+    """The job's threads, which the SLURM executor requests as --cpus-per-task (locally capped at --cores)."""
+    return STUDY.models[wildcards.model].cpus("train", WF.threads)
+
+
+def eval_cpus(wildcards):
+    return STUDY.models[wildcards.model].cpus("eval", WF.threads)
 
 
 def train_gpus(wildcards):

@@ -22,7 +22,7 @@ rule evaluate:
         ckpt=f"final|checkpoint-[0-9]+|{BASE}",
         benchmark="|".join(map(re.escape, STUDY.eval.benchmarks)),
         setting="|".join(map(re.escape, SETTINGS)),
-    threads: WF.threads
+    threads: eval_cpus
     resources:
         gpu=eval_gpus,
         mem_mb=lambda wildcards: model_opt(wildcards.model, "eval_mem_mb"),

@@ -17,7 +17,7 @@ rule train:
     wildcard_constraints:
         model="|".join(map(re.escape, MODELS)),
         method="|".join(map(re.escape, METHODS)),
-    threads: WF.threads
+    threads: train_cpus
     resources:
         gpu=train_gpus,
         mem_mb=lambda wildcards: model_opt(wildcards.model, "train_mem_mb"),
