@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q tests
 
 test-fast: $(STAMP)

@@ -4,10 +4,10 @@ lm-eval's own request cache skips sampled requests (every repeat would be identi
 :class:`ResumableLM`: a sqlite cache next to the output (``FILE.cache.sqlite``, :class:`GenerationCache`) keyed by
 the weights' fingerprint (:func:`model_fingerprint`: SHA-256 of their content), every generation parameter
 (backend, its settings, seed, stop tokens, sampling) and (prompt, repeat index), committed chunk by chunk. A killed
-evaluation, rerun, generates only what is missing, and gets the completions an uninterrupted run would have got (per-chunk seeds on ``hf``,
-per-request seeds on ``vllm``; see ResumableLM). Generation stops at every end-of-turn token of the model's
-tokenizer (:func:`with_stop_tokens`; Qwen3-Base's EOS is ``<|endoftext|>`` but its chat template ends a turn with
-``<|im_end|>``).
+evaluation, rerun, generates only what is missing, and gets the completions an uninterrupted run would have got
+(per-chunk seeds on ``hf``, per-request seeds on ``vllm``; see ResumableLM). Generation stops at every end-of-turn
+token of the model's tokenizer (:func:`with_stop_tokens`; Qwen3-Base's EOS is ``<|endoftext|>`` but its chat
+template ends a turn with ``<|im_end|>``).
 """
 
 from __future__ import annotations

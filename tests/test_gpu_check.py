@@ -113,7 +113,8 @@ def test_cpu_smoke_recipe_differs_only_in_precision_and_engine_memory(gc):
     cpu = gc.build_recipe(gc.parse_args(["--cpu-smoke", *sizes]), "/m")["train"]
     assert (gpu["bf16"], gpu["gradient_checkpointing"], gpu["vllm_gpu_memory_utilization"]) == (True, True, 0.5)
     assert (cpu["bf16"], cpu["gradient_checkpointing"], cpu["vllm_gpu_memory_utilization"]) == (False, False, None)
-    assert {k: v for k, v in gpu.items() if k not in ("bf16", "gradient_checkpointing", "vllm_gpu_memory_utilization")} \
+    device_keys = ("bf16", "gradient_checkpointing", "vllm_gpu_memory_utilization")
+    assert {k: v for k, v in gpu.items() if k not in device_keys} \
         == {k: v for k, v in cpu.items() if k not in ("bf16", "gradient_checkpointing", "vllm_gpu_memory_utilization")}
     assert (gpu["max_completion_length"], gpu["prompts_per_step"], gpu["use_vllm"], gpu["reward"]) == (
         4096, 4, True, "coin")

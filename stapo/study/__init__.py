@@ -12,11 +12,11 @@ A study has six sections, each a dataclass whose fields are documented where the
 
 :func:`parse` is the one validation: YAML syntax (:func:`load`, file:line:column), then the structure against the
 JSON schema ``workflow/schemas/config.schema.yaml`` (unknown keys at every level, types, the names of
-``stapo.names``), then every section's values (the dataclasses' checks) and the cross-section rules (every
+the declared methods), then every section's values (the dataclasses' checks) and the cross-section rules (every
 (model, method) plan and its TRL batch split, model specs; the checkpoints the workflow evaluates, named or
-``eval_every``, are ones the run saves and keeps; a local ``eval.data_dir`` holds every evaluated benchmark). No torch: ``stapo train``,
-``stapo eval``, ``stapo plan`` and the Snakefile (so ``snakemake -n``) run it before any model loads, and any error
-is a :class:`StudyError` whose one line names the file and the key.
+``eval_every``, are ones the run saves and keeps; a local ``eval.data_dir`` holds every evaluated benchmark).
+No torch: ``stapo train``, ``stapo eval``, ``stapo plan`` and the Snakefile (so ``snakemake -n``) run it before
+any model loads, and any error is a :class:`StudyError` whose one line names the file and the key.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from stapo.study.train import TrainSettings, accumulation, train_settings
 from stapo.tasks.registry import BUNDLED, HUB, benchmark_file
 
 __all__ = ["SCHEMA", "StudyError", "Study", "ModelEntry", "WorkflowSection", "Plan", "load", "parse", "read",
-           "check_schema", "study_schema", "resolve_plan", "default", "curve_checkpoints", "kept_checkpoints", "TRAIN_SECTIONS", "EvalSection", "ObjectiveConfig",
-           "OBJECTIVES", "get_objective", "TrainSettings", "train_settings", "accumulation"]
+           "check_schema", "study_schema", "resolve_plan", "default", "curve_checkpoints", "kept_checkpoints",
+           "TRAIN_SECTIONS", "EvalSection", "ObjectiveConfig", "OBJECTIVES", "get_objective", "TrainSettings",
+           "train_settings", "accumulation"]
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 SECTIONS = ("study", "models", "methods", "train", "eval", "workflow")  # the top-level keys, in order
