@@ -406,9 +406,11 @@ def dry_run(args: argparse.Namespace, out: Path) -> dict:
     return info
 
 
-def plan_estimate(path: Path) -> None:
-    """The study's cost from the measured throughputs (needs snakemake, as in environment.yml)."""
+def plan_estimate(path: Path, cpu_smoke: bool = False) -> None:
+    """The study's cost from the measured throughputs (needs snakemake, as in environment.yml). The CPU rehearsal's
+    throughputs are passed with --allow-cpu-throughputs: the plan runs, and prints that they came from a CPU."""
     cmd = [sys.executable, "-m", "stapo.cli", "plan", "--throughputs", str(path)]
+    cmd += ["--allow-cpu-throughputs"] if cpu_smoke else []
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     print(proc.stdout if proc.returncode == 0 else f"stapo plan failed:\n{proc.stderr[-2000:]}")
     print(f"(again, for another config: stapo plan --throughputs {path} --configfile configs/paper.yaml ...)")
@@ -461,7 +463,7 @@ def main(argv=None) -> int:
                                                     "args": vars(args)}, indent=2, default=str))
     print(report(methods, ev, throughputs, *(["tiny random Qwen3 (--cpu-smoke), fp32"] if args.cpu_smoke else [])))
     print(f"total {time.perf_counter() - t0:.0f} s; throughputs for `stapo plan`: {out / 'throughputs.yaml'}")
-    plan_estimate(out / "throughputs.yaml")
+    plan_estimate(out / "throughputs.yaml", args.cpu_smoke)
     return 0
 
 

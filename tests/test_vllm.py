@@ -183,3 +183,4 @@ def test_gpu_check_cpu_rehearsal(tmp_path):
     jobs = {rule: int(n) for rule, n in re.findall(r"(\w+) (\d+)", line.group(1))}
     assert jobs["train"] == 12 and jobs["evaluate"] >= 12 * 2 * 6 and jobs["report"] == 1  # 3 models x 4 methods
     assert sum(jobs.values()) == int(line.group(2))
+    assert "WARNING: these throughputs were measured on a CPU" in proc.stdout  # the rehearsal's plan says so
