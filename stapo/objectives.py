@@ -33,8 +33,8 @@ Aggregation (``loss_agg_mode``, verl's names; the trainer applies the weights ac
     "token-mean-per-micro-batch"  verl 0.4.0 (JustRL's own trainer, ``dp_actor.update_policy``): each micro-batch's
                                   loss is its own token-mean Σ_j kept ℓ / max(1, Σ_j kept), scaled by its share of
                                   the rank's sequences in the step (÷ gradient-accumulation steps with TRL's fixed
-                                  micro-batch size); ranks are averaged. Long micro-batches weigh per sequence, not
-                                  per token. ``policy_loss`` returns the micro-batch's token-mean.
+                                  micro-batch size); ranks are averaged, so a token of a short micro-batch weighs
+                                  more than one of a long one. ``policy_loss`` returns the micro-batch's token-mean.
     "seq-mean-token-mean"         (grpo) mean over completions of each completion's token-mean.
 
 Quantile scope (``quantile_scope``). The paper takes τ_h (and 20-Entropy its threshold) over "the mini-batch":
@@ -408,7 +408,8 @@ def policy_loss(
         own kept count): passing it raises.
     generator: randomness of the stapo_random ablation (default: seeded from ``cfg.seed`` on every call).
     thresholds: the optimiser step's entropy thresholds (:func:`step_thresholds`, "mini_batch" scope); None takes
-        the quantiles over this call's tokens ("micro_batch" scope).
+        them over this call's tokens ("micro_batch": gathered from every rank; "micro_batch_local_topk": this
+        rank's alone, 20-Entropy by exact top-k).
     Returns a scalar fp32 loss (finite zero with a grad_fn on an all-masked or empty batch) and float metrics:
     entropy_mean (over all completion tokens, whatever the method), candidate/silenced/kept_fraction (of
     completion tokens), clip_fraction_low/high, clip_fraction, clip_fraction_dual, ratio_mean, kl_mean.
