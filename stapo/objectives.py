@@ -25,8 +25,17 @@ where the S2T ("spurious token") mask silences a token iff Â > 0 ∧ π(y_t) < 
 q-quantile of the entropies of the candidate tokens {Â > 0, π(y_t) < τ_p}. Silenced and dropped tokens leave
 both the numerator and the denominator.
 
-Aggregation (``loss_agg_mode``, verl's names): "token-mean" (Σ over tokens / number of kept tokens) for the
-JustRL family, "seq-mean-token-mean" for grpo.
+Aggregation (``loss_agg_mode``, verl's names; the trainer applies the weights across micro-batches and ranks):
+    "token-mean"                  (default, JustRL family) Σ kept ℓ / K, K the kept tokens of the whole optimiser
+                                  step on every rank: one denominator (verl's engine-worker ``agg_loss`` with the
+                                  global ``batch_num_tokens``; the paper's verl 0.9.1). ``policy_loss`` gets K as
+                                  ``token_normalizer``.
+    "token-mean-per-micro-batch"  verl 0.4.0 (JustRL's own trainer, ``dp_actor.update_policy``): each micro-batch's
+                                  loss is its own token-mean Σ_j kept ℓ / max(1, Σ_j kept), scaled by its share of
+                                  the rank's sequences in the step (÷ gradient-accumulation steps with TRL's fixed
+                                  micro-batch size); ranks are averaged, so a token of a short micro-batch weighs
+                                  more than one of a long one. ``policy_loss`` returns the micro-batch's token-mean.
+    "seq-mean-token-mean"         (grpo) mean over completions of each completion's token-mean.
 
 Quantile scope (``quantile_scope``). The paper takes τ_h (and 20-Entropy its threshold) over "the mini-batch":
 the 64 prompts × 8 completions of one optimiser step.
@@ -38,6 +47,13 @@ the 64 prompts × 8 completions of one optimiser step.
                    the first optimiser step of a rollout batch π_old = π_θ, and the mask is exactly the paper's.
     "micro_batch"  the quantile is taken inside ``policy_loss`` over the call's tokens — one micro-batch —
                    gathered from every rank (TRL ``top_entropy_quantile`` semantics); an ablation of scope.
+    "micro_batch_local_topk"  the 80/20 release (arXiv 2506.01939; Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR,
+                   ``core_algos.get_global_entropy_top_mask``): per micro-batch, on this rank only (no gather),
+                   from the current policy's entropies. 20-Entropy keeps EXACTLY k = max(1, ⌈ρ·n⌉) of the n
+                   completion tokens by top-k (ties broken by position, earliest first, where the release's
+                   ``torch.topk`` leaves them unspecified); STAPO takes τ_h over this micro-batch's own candidates
+                   (our local analogue; the release has no S2T). Requires "token-mean-per-micro-batch" (the release
+                   normalises each micro-batch by its kept tokens; stapo.study checks it).
 """
 
 from __future__ import annotations
@@ -108,11 +124,14 @@ class Thresholds:
         tau_h         S2T: q-quantile of the candidates' entropies (stapo, stapo_random's size)
         tau_h_high    stapo_high: (1 − q)-quantile of the candidates' entropies
         entropy_cut   20-Entropy: (1 − ρ)-quantile of all completion tokens' entropies
+        entropy_top_k 20-Entropy at "micro_batch_local_topk" scope: keep exactly this many tokens by top-k (None:
+                      use entropy_cut)
     """
 
     tau_h: float = math.nan
     tau_h_high: float = math.nan
     entropy_cut: float = math.nan
+    entropy_top_k: int | None = None
 
 
 def _quantile_or_nan(pool: Tensor, q: float) -> float:
@@ -121,8 +140,9 @@ def _quantile_or_nan(pool: Tensor, q: float) -> float:
 
 # Registries (verl ``register_policy_loss`` style). A method's declaration (stapo/methods.py) names one token mask
 # and, if its mask reads any, one threshold function. Uniform signatures, all tensors as keywords:
-#   thresholds(cfg, *, logps, entropies, advantages, completion_mask) -> Thresholds
-#       over all the given tokens on every rank (it gathers: every rank calls it at the same time);
+#   thresholds(cfg, *, logps, entropies, advantages, completion_mask, gather=True) -> Thresholds
+#       over all the given tokens on every rank (it gathers: every rank calls it at the same time), or this rank's
+#       alone with gather=False ("micro_batch_local_topk" scope);
 #   token_mask(cfg, *, logps, entropies, advantages, completion_mask, thresholds, generator) -> (kept, silenced)
 #       Bool [B, T] each: the tokens that enter the loss, and those the mask silenced (reported as
 #       silenced_fraction; all False for masks that only keep); ``thresholds`` is None for a mask declared without.
@@ -149,19 +169,31 @@ def register_thresholds(name: str):
     return _registrar(THRESHOLDS, "thresholds", name)
 
 
+def top_k_count(n: int, ratio: float) -> int:
+    """How many of ``n`` tokens the 80/20 release keeps: max(1, ⌈n·ratio⌉) as it computes it,
+    ``int(n * ratio + 0.9999)`` (so n·ratio within 1e-4 above an integer rounds down); 0 when n = 0."""
+    return max(1, int(n * ratio + 0.9999)) if n > 0 else 0
+
+
 @register_thresholds("top_entropy")
-def top_entropy_thresholds(cfg: ObjectiveConfig, *, entropies: Tensor, completion_mask: Tensor, **_) -> Thresholds:
-    """20-Entropy's cut: the (1 − ρ)-quantile of all completion tokens' entropies."""
-    pool = _gather_across_ranks(entropies.detach().float()[completion_mask.bool()])
-    return Thresholds(entropy_cut=_quantile_or_nan(pool, 1.0 - cfg.top_entropy_ratio))
+def top_entropy_thresholds(cfg: ObjectiveConfig, *, entropies: Tensor, completion_mask: Tensor, gather: bool = True,
+                           **_) -> Thresholds:
+    """20-Entropy's cut: the (1 − ρ)-quantile of all completion tokens' entropies; with ``gather=False`` (the
+    80/20 release's local scope) the count k of this rank's tokens to keep by top-k instead."""
+    pool = entropies.detach().float()[completion_mask.bool()]
+    if not gather:
+        return Thresholds(entropy_top_k=top_k_count(pool.numel(), cfg.top_entropy_ratio))
+    return Thresholds(entropy_cut=_quantile_or_nan(_gather_across_ranks(pool), 1.0 - cfg.top_entropy_ratio))
 
 
 @register_thresholds("s2t")
 def s2t_thresholds(cfg: ObjectiveConfig, *, logps: Tensor, entropies: Tensor, advantages: Tensor,
-                   completion_mask: Tensor) -> Thresholds:
-    """S2T's τ_h (q-quantile) and stapo_high's (1 − q)-quantile of the candidates' entropies."""
+                   completion_mask: Tensor, gather: bool = True) -> Thresholds:
+    """S2T's τ_h (q-quantile) and stapo_high's (1 − q)-quantile of the candidates' entropies (all ranks', or
+    this rank's alone with ``gather=False``)."""
     cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=completion_mask, tau_p=cfg.tau_p)
-    return _s2t_thresholds(_gather_across_ranks(entropies.detach().float()[cand]), cfg.entropy_quantile)
+    pool = entropies.detach().float()[cand]
+    return _s2t_thresholds(_gather_across_ranks(pool) if gather else pool, cfg.entropy_quantile)
 
 
 def step_thresholds(
@@ -185,14 +217,23 @@ def _s2t_thresholds(pool: Tensor, q: float) -> Thresholds:
     return Thresholds(tau_h=_quantile_or_nan(pool, q), tau_h_high=_quantile_or_nan(pool, 1.0 - q))
 
 
-def high_entropy_mask(*, entropies: Tensor, completion_mask: Tensor, ratio: float, cut: float | None = None) -> Tensor:
+def high_entropy_mask(*, entropies: Tensor, completion_mask: Tensor, ratio: float, cut: float | None = None,
+                      top_k: int | None = None) -> Tensor:
     """20-Entropy's kept-token mask: completion tokens whose entropy is in the top ``ratio`` fraction.
 
     kept = m ∧ (H ≥ cut), cut = quantile(H[m], 1 − ratio) over all ranks' completion tokens of the call (TRL
     ``get_high_entropy_mask`` semantics; ties at the threshold are kept), or the given ``cut`` (mini-batch scope,
-    :func:`step_thresholds`). Returns Bool [B, T], True = kept.
+    :func:`step_thresholds`). With ``top_k`` (the 80/20 release's local scope): exactly the ``top_k`` completion
+    tokens of highest entropy in this call, no gather, ties broken by flat position (earliest kept).
+    Returns Bool [B, T], True = kept.
     """
     m = completion_mask.bool()
+    if top_k is not None:
+        pos = m.flatten().nonzero().squeeze(-1)  # completion tokens, row-major
+        order = entropies.detach().float().flatten()[pos].sort(descending=True, stable=True).indices
+        kept = torch.zeros_like(m).flatten()
+        kept[pos[order[:top_k]]] = True
+        return kept.view_as(m)
     if cut is None:
         pool = _gather_across_ranks(entropies.detach()[m].float())
         if pool.numel() == 0:
@@ -272,7 +313,7 @@ def top_entropy_tokens(cfg: ObjectiveConfig, *, entropies: Tensor, completion_ma
                        thresholds: Thresholds, **_) -> tuple[Tensor, Tensor]:
     """20-Entropy: the tokens at or above the step's entropy cut (NaN: no tokens, none kept)."""
     kept = high_entropy_mask(entropies=entropies, completion_mask=completion_mask, ratio=cfg.top_entropy_ratio,
-                             cut=thresholds.entropy_cut)
+                             cut=thresholds.entropy_cut, top_k=thresholds.entropy_top_k)
     return kept, torch.zeros_like(completion_mask)
 
 
@@ -311,13 +352,15 @@ def kept_mask(
 ) -> tuple[Tensor, Tensor]:
     """(kept, silenced), Bool [B, T]: the tokens that enter ``cfg.method``'s loss, and those its mask silenced.
 
-    thresholds: the optimiser step's (mini-batch scope); None computes them over the call (micro-batch scope), and
-    only for a method declared with thresholds.
+    thresholds: the optimiser step's (mini-batch scope); None computes them over the call (micro-batch scopes:
+    gathered across ranks, or this rank's alone for "micro_batch_local_topk"), and only for a method declared
+    with thresholds.
     """
     m = completion_mask.bool()
     tensors = dict(logps=logps, entropies=entropies, advantages=advantages, completion_mask=m)
     if cfg.thresholds is not None and thresholds is None:
-        thresholds = THRESHOLDS[cfg.thresholds](cfg, **tensors)
+        gather = cfg.quantile_scope != "micro_batch_local_topk"
+        thresholds = THRESHOLDS[cfg.thresholds](cfg, **tensors, gather=gather)
     kept, silenced = TOKEN_MASKS[cfg.token_mask](cfg, **tensors, thresholds=thresholds, generator=generator)
     return m & kept, m & silenced
 
@@ -361,10 +404,12 @@ def policy_loss(
 
     token_normalizer: for "token-mean", replaces the local denominator max(1, Σ kept) — the trainer passes the
         number of KEPT tokens of the whole gradient-accumulation step. Not defined for "seq-mean-token-mean"
-        (whose normaliser is per sequence): passing it raises.
+        (whose normaliser is per sequence) nor "token-mean-per-micro-batch" (whose denominator is this call's
+        own kept count): passing it raises.
     generator: randomness of the stapo_random ablation (default: seeded from ``cfg.seed`` on every call).
     thresholds: the optimiser step's entropy thresholds (:func:`step_thresholds`, "mini_batch" scope); None takes
-        the quantiles over this call's tokens ("micro_batch" scope).
+        them over this call's tokens ("micro_batch": gathered from every rank; "micro_batch_local_topk": this
+        rank's alone, 20-Entropy by exact top-k).
     Returns a scalar fp32 loss (finite zero with a grad_fn on an all-masked or empty batch) and float metrics:
     entropy_mean (over all completion tokens, whatever the method), candidate/silenced/kept_fraction (of
     completion tokens), clip_fraction_low/high, clip_fraction, clip_fraction_dual, ratio_mean, kl_mean.
@@ -388,9 +433,9 @@ def policy_loss(
 
     # where(), not multiplication: a masked position's value never reaches the loss or its gradient.
     masked = torch.where(kept, per_token, torch.zeros_like(per_token))
+    if token_normalizer is not None and cfg.loss_agg_mode != "token-mean":
+        raise ValueError(f"token_normalizer is not defined for loss_agg_mode {cfg.loss_agg_mode!r}")
     if cfg.loss_agg_mode == "seq-mean-token-mean":
-        if token_normalizer is not None:
-            raise ValueError("token_normalizer is not defined for seq-mean-token-mean (grpo)")
         per_seq = masked.sum(-1) / kept.sum(-1).clamp(min=1)
         loss = per_seq.sum() / max(1, per_seq.numel())
     else:

@@ -23,6 +23,10 @@ by c·W / K. The masks are constants of θ, which does not change within a windo
 rescaled) the per-micro-batch normaliser is c times the micro-batch's global kept fraction — exact for justrl,
 approximate (error ~ the silenced fraction, < 1e-4 in the paper) for stapo/entropy20; a warning says so.
 GRPO (sequence-mean) is divided by gradient_accumulation_steps, as TRL does for its "grpo" loss.
+``loss_agg_mode: token-mean-per-micro-batch`` (verl 0.4.0, JustRL's own trainer) has no step normaliser: each
+micro-batch is back-propagated as its own kept-token mean × (its sequences / the rank's sequences in the step),
+which with TRL's fixed per_device_train_batch_size is ÷ gradient_accumulation_steps (TRL's "bnpo"); DDP averages
+the ranks, as verl's FSDP does.
 
 Step unit (stapo.schedule): the recipe's max_steps, warmup_steps and save_steps count verl training steps =
 rollout batches (the paper's unit); TRL is configured with k = prompts_per_generation / prompts_per_step ×
@@ -82,9 +86,17 @@ class Normaliser(str, Enum):
     EXACT_RESCALE = "exact_rescale"  # token-mean: S_j / c, gradients × c·W / K after the step's last backward
     DEEPSPEED_KEPT_FRACTION = "deepspeed_kept_fraction"  # token-mean under DeepSpeed: S_j / (c · kept fraction)
     GRPO_SEQ_MEAN = "grpo_seq_mean"  # sequence-mean: ÷ gradient_accumulation_steps, as TRL's "grpo" loss
+    MICRO_BATCH_TOKEN_MEAN = "micro_batch_token_mean"  # verl 0.4 per-micro-batch token-mean: ÷ grad. accum. steps
+
+    @property
+    def per_micro_batch(self) -> bool:
+        """Each micro-batch's loss is complete on its own and divided by gradient_accumulation_steps."""
+        return self in (Normaliser.GRPO_SEQ_MEAN, Normaliser.MICRO_BATCH_TOKEN_MEAN)
 
     @classmethod
     def choose(cls, loss_agg_mode: str, deepspeed: bool) -> Normaliser:
+        if loss_agg_mode == "token-mean-per-micro-batch":
+            return cls.MICRO_BATCH_TOKEN_MEAN
         if loss_agg_mode != "token-mean":
             return cls.GRPO_SEQ_MEAN
         return cls.DEEPSPEED_KEPT_FRACTION if deepspeed else cls.EXACT_RESCALE
@@ -109,7 +121,7 @@ class StapoGRPOTrainer(GRPOTrainer):
         self._capture: list | None = None  # entropies of the π_old forward, while one is being captured
         deepspeed = self.accelerator.distributed_type.value == "DEEPSPEED"
         self._normaliser = Normaliser.choose(objective.loss_agg_mode, deepspeed)
-        if deepspeed and objective.uses_thresholds:
+        if self._normaliser is Normaliser.DEEPSPEED_KEPT_FRACTION and objective.uses_thresholds:
             warnings.warn("DeepSpeed: the kept-token normaliser is estimated per micro-batch (see stapo.trainer)")
         trl_compat.stop_at(self, end_of_turn_token_ids(self.processing_class))  # vLLM: grpo_config's stop ids
 
@@ -193,8 +205,8 @@ class StapoGRPOTrainer(GRPOTrainer):
                                       old_logps=logps.detach() if old_logps is None else old_logps,
                                       entropies=entropies)
         if training and self._window is None:  # the optimiser step's first micro-batch
-            token_mean = self._normaliser is not Normaliser.GRPO_SEQ_MEAN
-            self._window = StepAccumulator(normaliser=self._provisional_normalizer(inputs) if token_mean else None)
+            rescaled = not self._normaliser.per_micro_batch  # a step normaliser c (module docstring)
+            self._window = StepAccumulator(normaliser=self._provisional_normalizer(inputs) if rescaled else None)
         loss, metrics = policy_loss(
             self.objective, logps=logps, old_logps=logps.detach() if old_logps is None else old_logps,
             advantages=inputs["advantages"], entropies=entropies, completion_mask=completion_mask,
@@ -204,8 +216,8 @@ class StapoGRPOTrainer(GRPOTrainer):
         )
         if training and self._normaliser is Normaliser.DEEPSPEED_KEPT_FRACTION:
             loss = loss * self._kept_fraction_correction(metrics, completion_mask)
-        if training and self._normaliser is Normaliser.GRPO_SEQ_MEAN:
-            loss = loss / self.current_gradient_accumulation_steps  # TRL's grpo loss scaling
+        if training and self._normaliser.per_micro_batch:
+            loss = loss / self.current_gradient_accumulation_steps  # TRL's grpo / bnpo loss scaling
         if training:
             self._window.add(metrics, completion_mask, loss.detach())
         return loss
@@ -256,6 +268,9 @@ class StapoGRPOTrainer(GRPOTrainer):
 # --------------------------------------------------------------------------------------------------- build
 
 
+# TRL's loss_type of the same aggregation (StapoGRPOTrainer computes its own loss; plain TRL runs and logs read it)
+TRL_LOSS_TYPE = {"token-mean": "dapo", "token-mean-per-micro-batch": "bnpo", "seq-mean-token-mean": "grpo"}
+
 # transformers 5.x renamed gradient_checkpointing (deprecated alias kept until v6)
 _CHECKPOINTING_FIELD = ("activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__
                         else "gradient_checkpointing")
@@ -281,7 +296,7 @@ def grpo_config(plan: Plan, out: Path, num_processes: int = 1, *, deepspeed: boo
         steps_per_generation=steps_per_generation, num_generations=s.num_generations,
         num_iterations=s.num_iterations, max_completion_length=s.max_completion_length,
         temperature=s.temperature, top_p=s.top_p, scale_rewards=s.scale_rewards,
-        loss_type="dapo" if obj.loss_agg_mode == "token-mean" else "grpo", beta=obj.kl_beta,
+        loss_type=TRL_LOSS_TYPE[obj.loss_agg_mode], beta=obj.kl_beta,
         use_bias_correction_kl=False,  # plain k3, as policy_loss computes it
         epsilon=obj.eps_low, epsilon_high=obj.eps_high, mask_truncated_completions=False,
         **trl_vllm_kwargs(s),  # device-aware engine settings + recipe overrides; fails fast without vLLM

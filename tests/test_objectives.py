@@ -18,12 +18,14 @@ from stapo.objectives import (
     quantile,
     silence_mask,
     step_thresholds,
+    top_k_count,
     Thresholds,
     THRESHOLDS,
     TOKEN_MASKS,
 )
 from stapo.methods import METHODS as DECLARED
 from stapo.study import OBJECTIVES as METHODS, ObjectiveConfig, get_objective
+from stapo.study.objective import AGG_MODES, SCOPES
 
 
 def _inputs(logps, advantages, mask, entropies=None, old_logps=None):
@@ -479,7 +481,9 @@ def _dist_worker(rank, world, port, path):
     sil = silence_mask(logps=local["logps"], entropies=local["entropies"], advantages=local["advantages"],
                        completion_mask=local["completion_mask"], tau_p=0.002, q=0.75)
     kept = high_entropy_mask(entropies=local["entropies"], completion_mask=local["completion_mask"], ratio=0.2)
-    torch.save({"sil": sil, "kept": kept}, f"{path}/rank{rank}.pt")
+    tensors = {k: local[k] for k in ("logps", "entropies", "advantages", "completion_mask")}
+    local_scope = {m: kept_mask(_local_topk(m), **tensors) for m in ("entropy20", "stapo")}
+    torch.save({"sil": sil, "kept": kept, "local_scope": local_scope}, f"{path}/rank{rank}.pt")
     dist.destroy_process_group()
 
 
@@ -502,6 +506,14 @@ def test_quantiles_are_global_under_distributed(tmp_path):
                          completion_mask=x["completion_mask"][:4], tau_p=0.002, q=0.75)
     local_k = high_entropy_mask(entropies=x["entropies"][:4], completion_mask=x["completion_mask"][:4], ratio=0.2)
     assert not (torch.equal(local, sil[:4]) and torch.equal(local_k, kept[:4]))
+    # "micro_batch_local_topk": each rank's masks are its own half's alone (no gather), unlike the above
+    for r, part in enumerate(parts):
+        half = {k: x[k][r * 4:(r + 1) * 4] for k in ("logps", "entropies", "advantages", "completion_mask")}
+        for method in ("entropy20", "stapo"):
+            alone = kept_mask(_local_topk(method), **half)
+            assert all(torch.equal(a, b) for a, b in zip(part["local_scope"][method], alone)), (r, method)
+    assert not torch.equal(parts[0]["local_scope"]["entropy20"][0], kept[:4])
+    assert not torch.equal(parts[0]["local_scope"]["stapo"][1], sil[:4])
 
 
 # ------------------------------------------------------------------------------------- S2T ablations
@@ -691,3 +703,125 @@ def test_a_new_method_is_one_declaration_and_its_mask(monkeypatch):
     loss.backward()
     assert metrics["silenced_fraction"] == 0.25 and x["logps"].grad[0, 0] == 0 and x["logps"].grad[1, 0] != 0
     assert names.METHODS.get("lpi") is None  # names are derived at import: the study labels a runtime addition
+
+
+# ------------------------------------------------ named protocols: verl 0.4 aggregation, the 80/20 release's scope
+
+
+def _local_topk(method: str, **overrides) -> ObjectiveConfig:
+    return get_objective(method, loss_agg_mode="token-mean-per-micro-batch", quantile_scope="micro_batch_local_topk",
+                         **overrides)
+
+
+def test_protocol_names_are_in_the_schema_and_validated():
+    from stapo import study
+
+    props = study.study_schema()["properties"]["methods"]["additionalProperties"]["properties"]
+    assert props["loss_agg_mode"]["enum"] == list(AGG_MODES) == [
+        "token-mean", "token-mean-per-micro-batch", "seq-mean-token-mean"]
+    assert props["quantile_scope"]["enum"] == list(SCOPES) == ["mini_batch", "micro_batch", "micro_batch_local_topk"]
+    assert (METHODS["stapo"].loss_agg_mode, METHODS["stapo"].quantile_scope) == ("token-mean", "mini_batch")
+    # the release's scope normalises per micro-batch: any other aggregation is refused, naming the key
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        with pytest.raises(ValueError, match=r"^quantile_scope: .*token-mean-per-micro-batch"):
+            get_objective("entropy20", loss_agg_mode=agg, quantile_scope="micro_batch_local_topk")
+    assert _local_topk("stapo").quantile_scope == "micro_batch_local_topk"
+    # its loss is the call's own token-mean: a step normaliser is refused
+    x = _inputs([[-1.0]], [1.0], [[1]])
+    with pytest.raises(ValueError, match="token_normalizer"):
+        policy_loss(get_objective("justrl", loss_agg_mode="token-mean-per-micro-batch"), token_normalizer=4, **x)
+
+
+def test_token_mean_per_micro_batch_hand_computed():
+    """verl 0.4 (JustRL's trainer): Σ_j (B_j / B) · token-mean_j, not the step's global token-mean.
+
+    Ratio 1, so ℓ = −Â per token. Micro-batch 1: A (3 tokens, Â = +1), B (1 token, Â = −1): (−3 + 1) / 4 = −0.5.
+    Micro-batch 2: C (1 token, Â = +2), D (1 token, Â = +1): (−2 − 1) / 2 = −1.5. Two sequences each of the rank's
+    four: weights 1/2 → −1.0. The global token-mean of the same step: (−2 − 3) / 6 = −5/6.
+    """
+    cfg = get_objective("justrl", loss_agg_mode="token-mean-per-micro-batch")
+    mb1 = _inputs([[-1.0, -1.0, -1.0], [-1.0, 0.0, 0.0]], [1.0, -1.0], [[1, 1, 1], [1, 0, 0]])
+    mb2 = _inputs([[-1.0], [-1.0]], [2.0, 1.0], [[1], [1]])
+    l1, _ = policy_loss(cfg, **mb1)
+    l2, _ = policy_loss(cfg, **mb2)
+    assert (l1.item(), l2.item()) == (pytest.approx(-0.5), pytest.approx(-1.5))
+    step = l1 * 2 / 4 + l2 * 2 / 4  # what the trainer back-propagates (÷ gradient_accumulation_steps = 2)
+    assert step.item() == pytest.approx(-1.0)
+    step.backward()
+    # d/dlogp of −ρÂ at ρ = 1 is −Â, divided by the micro-batch's 4 (or 2) tokens and weighted 1/2
+    torch.testing.assert_close(mb1["logps"].grad, torch.tensor([[-0.125, -0.125, -0.125], [0.125, 0.0, 0.0]]))
+    torch.testing.assert_close(mb2["logps"].grad, torch.tensor([[-0.5], [-0.25]]))
+    # the default protocol on the same step: one denominator, 6 tokens
+    glob = [policy_loss(METHODS["justrl"], token_normalizer=6, **{**mb, "logps": mb["logps"].detach()})[0]
+            for mb in (mb1, mb2)]
+    assert sum(glob).item() == pytest.approx(-5 / 6)
+    # entropy20 with the release's scope: the denominator is the micro-batch's KEPT tokens. n = 4 → k = 1, the
+    # highest entropy (A's second token, ℓ = −1); n = 2 → k = 1 (D's, ℓ = −1): −1 · 1/2 + −1 · 1/2 = −1
+    e1 = _inputs([[-1.0] * 3, [-1.0, 0.0, 0.0]], [1.0, -1.0], [[1, 1, 1], [1, 0, 0]],
+                 entropies=[[0.1, 0.9, 0.2], [0.3, 5.0, 5.0]])
+    e2 = _inputs([[-1.0], [-1.0]], [2.0, 1.0], [[1], [1]], entropies=[[0.4], [0.6]])
+    (k1, m1), (k2, m2) = (policy_loss(_local_topk("entropy20"), **e) for e in (e1, e2))
+    assert (k1.item(), k2.item(), m1["kept_fraction"], m2["kept_fraction"]) == (-1.0, -1.0, 0.25, 0.5)
+
+
+def test_top_k_count_is_the_release_ceiling():
+    """k = max(1, ⌈n·ρ⌉) computed as the release does, int(n·ρ + 0.9999)."""
+    assert [top_k_count(n, 0.2) for n in (0, 1, 3, 5, 6, 10, 11)] == [0, 1, 1, 1, 2, 2, 3]
+    assert top_k_count(7, 1.0) == 7
+    assert top_k_count(20001, 0.00005) == 1  # n·ρ = 1.00005: the release's +0.9999 rounds down (⌈·⌉ would be 2)
+
+
+def test_local_topk_keeps_exactly_k_tokens_of_the_micro_batch():
+    cfg = _local_topk("entropy20")
+
+    def kept(entropies, mask=None, adv=None):
+        mask = mask or [[1] * len(row) for row in entropies]
+        x = _inputs([[-1.0] * len(r) for r in entropies], adv or [1.0] * len(entropies), mask, entropies=entropies)
+        return kept_mask(cfg, **{k: v for k, v in x.items() if k != "old_logps"})[0].int().tolist()
+
+    # n = 5, ρ = 0.2 → k = ⌈1.0⌉ = 1: the 0.9 only
+    assert kept([[0.9, 0.1, 0.5, 0.7, 0.3]]) == [[1, 0, 0, 0, 0]]
+    # n = 6 over two padded rows (padding's entropy 9.9 never counts) → k = ⌈1.2⌉ = 2: the 0.8 and the 0.6
+    assert kept([[0.2, 0.8, 0.4, 9.9], [0.6, 0.1, 0.3, 9.9]], mask=[[1, 1, 1, 0], [1, 1, 1, 0]]) == [
+        [0, 1, 0, 0], [1, 0, 0, 0]]
+    # ties: exactly k = 1 of the three 0.5s (the earliest), where the quantile cut keeps all three
+    assert kept([[0.5, 0.1, 0.5, 0.5, 0.1]]) == [[1, 0, 0, 0, 0]]
+    x = _inputs([[-1.0] * 5], [1.0], [[1] * 5], entropies=[[0.5, 0.1, 0.5, 0.5, 0.1]])
+    _, m = policy_loss(get_objective("entropy20", quantile_scope="micro_batch"), **x)
+    assert m["kept_fraction"] == pytest.approx(3 / 5)
+    # its loss: advantages +1 and −0.5 at ratio 1, kept (0, 1) ℓ = −1 and (1, 0) ℓ = +0.5 → (−1 + 0.5) / 2
+    y = _inputs([[-1.0] * 4] * 2, [1.0, -0.5], [[1, 1, 1, 0], [1, 1, 1, 0]],
+                entropies=[[0.2, 0.8, 0.4, 9.9], [0.6, 0.1, 0.3, 9.9]])
+    loss, metrics = policy_loss(cfg, **y)
+    assert loss.item() == pytest.approx(-0.25) and metrics["kept_fraction"] == pytest.approx(2 / 6)
+    loss.backward()
+    torch.testing.assert_close(y["logps"].grad, torch.tensor([[0.0, -0.5, 0.0, 0.0], [0.25, 0.0, 0.0, 0.0]]))
+
+
+def test_local_scope_never_gathers_across_ranks(monkeypatch):
+    """A fake second rank holding high-entropy tokens and low-entropy candidates moves the gathered
+    ("micro_batch") thresholds; the release's local scope never calls the gather and keeps its own."""
+    import stapo.objectives as obj
+
+    calls, other = [], {"H": 10.0}  # the other rank's 20 values
+
+    def other_rank_too(values):
+        calls.append(values.numel())
+        return torch.cat([values, torch.full((20,), other["H"])])
+
+    monkeypatch.setattr(obj, "_gather_across_ranks", other_rank_too)
+    # entropy20: n = 5 → k = 1 locally; gathered with 20 tokens of entropy 10 the cut is 10: nothing of ours
+    x = _inputs([[-1.0] * 5], [1.0], [[1] * 5], entropies=[[0.9, 0.1, 0.5, 0.7, 0.3]])
+    t = {k: v for k, v in x.items() if k != "old_logps"}
+    assert kept_mask(_local_topk("entropy20"), **t)[0].int().tolist() == [[1, 0, 0, 0, 0]] and calls == []
+    assert kept_mask(get_objective("entropy20", quantile_scope="micro_batch"), **t)[0].sum() == 0 and calls == [5]
+    # stapo: 5 local candidates (p = e^-8 < τ_p, Â > 0) with H 0.1 … 0.5 → local τ_h = 0.4: 3 silenced. Gathered
+    # with 20 candidates of H 0.01 the τ_h is 0.01: none silenced.
+    calls.clear()
+    other["H"] = 0.01
+    s = _inputs([[-8.0] * 5], [1.0], [[1] * 5], entropies=[[0.1, 0.2, 0.3, 0.4, 0.5]])
+    t = {k: v for k, v in s.items() if k != "old_logps"}
+    _, silenced = kept_mask(_local_topk("stapo"), **t)
+    assert silenced.int().tolist() == [[1, 1, 1, 0, 0]] and calls == []
+    _, silenced = kept_mask(get_objective("stapo", quantile_scope="micro_batch"), **t)
+    assert silenced.sum() == 0 and calls == [5]

@@ -61,6 +61,8 @@ BAD = [
     ("method-unknown-key", _set(f"methods.{METHOD}.tau", 0.1), "tau"),
     ("tau_p-range", _set(f"methods.{METHOD}.tau_p", 1.5), "tau_p"),
     ("quantile-range", _set(f"methods.{METHOD}.entropy_quantile", 0.0), "entropy_quantile"),
+    ("local-topk-needs-per-micro-batch", _set(f"methods.{METHOD}.quantile_scope", "micro_batch_local_topk"),
+     "quantile_scope: micro_batch_local_topk"),
     ("method-named-base", _set("methods.base", {"objective": "justrl"}), "base"),
     ("train-unknown-key", _set("train.learning_rat", 1e-6), "learning_rat"),
     ("max_steps-negative", _set("train.max_steps", -1), "train.max_steps"),

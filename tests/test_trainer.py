@@ -240,6 +240,50 @@ def test_accumulated_gradient_is_the_exact_kept_token_mean(tmp_path, method):
                                        msg=lambda m, name=name: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("method, scope", [("justrl", "mini_batch"), ("entropy20", "micro_batch_local_topk"),
+                                           ("stapo", "micro_batch_local_topk")])
+def test_per_micro_batch_gradient_is_the_sequence_weighted_token_means(tmp_path, method, scope):
+    """loss_agg_mode token-mean-per-micro-batch (verl 0.4.0): no step rescale; the accumulated gradient is
+    Σ_j (4 / 8 sequences) · token-mean_j over each micro-batch's own kept tokens — micro-batches of 17 and 5
+    completion tokens weigh 1/2 each, where the default's global token-mean weighs them by their kept tokens."""
+    recipe = tiny_recipe(reward="dapo_strict")
+    recipe["methods"][method].update(loss_agg_mode="token-mean-per-micro-batch", quantile_scope=scope)
+    plan = study.resolve_plan(recipe, "tiny-qwen3", method)
+    trainer = T.build_trainer(plan, tmp_path)
+    assert trainer._normaliser is T.Normaliser.MICRO_BATCH_TOKEN_MEAN and trainer.args.loss_type == "bnpo"
+    model = trainer.model
+    model.train()
+    trainer.current_gradient_accumulation_steps = 2  # set by Trainer.train()
+    batches = [_micro_batch(trainer, 5, [6, 3, 6, 2], [1.0, -0.5, 0.8, 0.3], 0),
+               _micro_batch(trainer, 5, [1, 2, 1, 1], [0.6, 1.2, -1.0, 0.9], 1)]
+    model.zero_grad()
+    for inputs in batches:
+        trainer._compute_loss(model, inputs).backward()
+    trainer._close_window(model)
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    def reference(**normalise) -> dict:  # each micro-batch through the objective alone
+        model.zero_grad()
+        for inputs, weight in zip(batches, (0.5, 0.5)):
+            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+            mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+            logps, ent, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, ids.size(1) - 5,
+                                                                       compute_entropy=True)
+            loss, m = policy_loss(normalise.get("cfg", plan.objective), logps=logps, old_logps=logps.detach(),
+                                  advantages=inputs["advantages"], entropies=ent,
+                                  completion_mask=inputs["completion_mask"], token_normalizer=normalise.get("k"))
+            (loss * (1.0 if normalise else weight)).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref = reference()
+    for name, g in got.items():
+        torch.testing.assert_close(g, ref[name], rtol=1e-4, atol=1e-5 * float(ref[name].abs().max()) + 1e-12,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    if method == "justrl":  # the default protocol's gradient on the same step differs: one denominator, 22 tokens
+        glob = reference(cfg=study.get_objective("justrl"), k=22)
+        assert max(float((got[n] - glob[n]).abs().max() / glob[n].abs().max()) for n in got) > 0.05
+
+
 # ---------------------------------------------------------------------------------------- end-to-end (slow)
 
 

@@ -13,8 +13,10 @@ from stapo.methods import METHODS
 
 __all__ = ["ObjectiveConfig", "OBJECTIVES", "AGG_MODES", "SCOPES", "get_objective"]
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean")
-SCOPES = ("mini_batch", "micro_batch")
+# loss_agg_mode values (the first is the default); "token-mean-per-micro-batch" = verl 0.4's per-micro-batch agg_loss
+AGG_MODES = ("token-mean", "token-mean-per-micro-batch", "seq-mean-token-mean")
+# quantile_scope values (the first is the default); "micro_batch_local_topk" = the 80/20 release's per-GPU top-k
+SCOPES = ("mini_batch", "micro_batch", "micro_batch_local_topk")
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,22 @@ class ObjectiveConfig:
             (JustRL's script: 10.0; verl's default 3.0, used for grpo). Must be > 1.
         log_ratio_clip: log ρ is clamped to ±this before exp (verl: 20).
         kl_log_ratio_clip, kl_clip: verl ``low_var_kl``: log(π_ref/π) clamped to ±20, k3 clamped to ±10.
-        loss_agg_mode: "token-mean" (JustRL family: one denominator, the kept tokens of the optimiser step) or
+        loss_agg_mode: how the per-token losses of an optimiser step become one loss (stapo.objectives, trainer):
+            "token-mean" (default; JustRL family, as verl's engine workers aggregate it — agg_loss with the global
+            batch_num_tokens, the paper's verl 0.9.1: Σ kept ℓ over the whole optimiser step on all ranks / its
+            kept-token count, one denominator);
+            "token-mean-per-micro-batch" (verl 0.4.0, the trainer JustRL's repo ships: each micro-batch's own
+            token-mean over its kept tokens, weighted by its share of the rank's sequences in the step (÷ gradient
+            accumulation steps with TRL's fixed micro-batch size), ranks averaged — TRL's "bnpo");
             "seq-mean-token-mean" (GRPO: mean over completions of each completion's token-mean).
-        quantile_scope: "mini_batch" (paper; thresholds per optimiser step over all its completions on all
-            ranks, statistics from π_old) or "micro_batch" (per call, gathered across ranks) — see the module
-            docstring.
+        quantile_scope: where the entropy thresholds of entropy20 / stapo (and its ablations) are taken:
+            "mini_batch" (default, paper; once per optimiser step over all its completions on all ranks,
+            statistics from π_old); "micro_batch" (per micro-batch, gathered across ranks — TRL's
+            top_entropy_quantile); "micro_batch_local_topk" (the 80/20 release, arXiv 2506.01939: per
+            micro-batch on ONE rank, no gather, current policy's entropies; entropy20 keeps exactly
+            k = max(1, ceil(ρ·n)) tokens by top-k, stapo takes τ_h over the micro-batch's local candidates).
+            It normalises per micro-batch as the release does, so it requires loss_agg_mode
+            "token-mean-per-micro-batch". See the module docstring of stapo.objectives.
     """
 
     method: str
@@ -98,6 +111,9 @@ class ObjectiveConfig:
             raise ValueError(f"loss_agg_mode: unknown mode {self.loss_agg_mode!r}; expected one of {list(AGG_MODES)}")
         if self.quantile_scope not in SCOPES:
             raise ValueError(f"quantile_scope: unknown scope {self.quantile_scope!r}; expected one of {list(SCOPES)}")
+        if self.quantile_scope == "micro_batch_local_topk" and self.loss_agg_mode != "token-mean-per-micro-batch":
+            raise ValueError("quantile_scope: micro_batch_local_topk normalises per micro-batch (the 80/20 release); "
+                             f"it needs loss_agg_mode: token-mean-per-micro-batch, got {self.loss_agg_mode!r}")
 
 
 OBJECTIVES: dict[str, ObjectiveConfig] = {key: ObjectiveConfig(key, **m.defaults) for key, m in METHODS.items()}
