@@ -45,8 +45,10 @@ QUANTILE_KEYS = ("entropy_q10", "entropy_q25", "entropy_q50", "entropy_q75", "en
 SILENCED_REFERENCE = 1e-4  # the silenced figure's horizontal reference line
 # kind -> (the paper's figure it reproduces, its caption in results/figures.md)
 CAPTIONS = {
-    "entropy": ("Fig. 1a, training curves", "Mean token entropy vs training step, every method."),
-    "reward": ("training curves", "Training reward (mean) vs training step, every method."),
+    "entropy": ("Fig. 1a, training curves", "Mean token entropy vs training step, every method (several seeds: "
+                "their mean, shaded: their range)."),
+    "reward": ("training curves", "Training reward (mean) vs training step, every method (several seeds: their "
+               "mean, shaded: their range)."),
     "accuracy": ("AIME24 vs step", "Accuracy vs training step on the curve benchmark, per method and sampling "
                  "setting; step 0 is the base model."),
     "silenced": ("spurious-token ratio", "Silenced-token fraction vs step (log scale, positive values only; "
@@ -138,16 +140,41 @@ def step_of(ckpt: str, rows: list[dict]) -> int | None:
     return int(rows[-1].get("rollout_step", rows[-1]["step"]))
 
 
+def seed_runs(metrics: dict, model: str, method: str) -> list[list[dict]]:
+    """The metric rows of each training run of ``method``: its one run, or one per seed of a several-seed study
+    (keys ``<method>/seed<k>``, stapo.study.Study.runs)."""
+    if (model, method) in metrics:
+        return [metrics[(model, method)]]
+    return [rows for (m, run), rows in sorted(metrics.items())
+            if m == model and "/" in run and stapo_study.split_run(run)[0] == method]
+
+
+def across_seeds(runs: list[list[dict]], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
+    """(steps, mean, lo, hi) of ``key`` over the runs at the steps every run logged; lo/hi: the lowest and highest
+    seed at each step (empty with one run)."""
+    per_run = [dict(zip(*step_series(rows, key))) for rows in runs]
+    xs = sorted(set.intersection(*(set(r) for r in per_run))) if per_run else []
+    mean = [sum(r[x] for r in per_run) / len(per_run) for x in xs]
+    if len(per_run) < 2:
+        return xs, mean, [], []
+    return xs, mean, [min(r[x] for r in per_run) for x in xs], [max(r[x] for r in per_run) for x in xs]
+
+
 def _metric_series(kind: str, metrics: dict, model: str, methods: list[str]) -> Panel:
-    """One curve per method with logged values, smoothed over len/50 steps (silenced: positive values only)."""
+    """One curve per method with logged values, smoothed over len/50 steps (silenced: positive values only); with
+    several seeds the across-seed mean, its band the seeds' range."""
     key, ylabel = METRIC_PANELS[kind]
     series = []
     for method in methods:
-        xs, ys = step_series(metrics.get((model, method), []), key)
+        xs, ys, lo, hi = across_seeds(seed_runs(metrics, model, method), key)
         if kind == "silenced":
-            xs, ys = [x for x, y in zip(xs, ys) if y > 0], [y for y in ys if y > 0]
+            keep = [i for i, y in enumerate(ys) if y > 0]
+            xs, ys = [xs[i] for i in keep], [ys[i] for i in keep]
+            lo, hi = ([max(lo[i], 1e-12) for i in keep], [hi[i] for i in keep]) if lo else ([], [])
         if xs:
-            series.append(Series(method, tuple(xs), tuple(smooth(ys, max(1, len(ys) // 50)))))
+            window = max(1, len(ys) // 50)
+            series.append(Series(method, tuple(xs), tuple(smooth(ys, window)), lo=tuple(smooth(lo, window)),
+                                 hi=tuple(smooth(hi, window))))
     return Panel(kind, tuple(series), STEP_LABEL, ylabel)
 
 
@@ -241,9 +268,11 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
     kind = panel.kind
     if kind in METRIC_PANELS:  # markers on short runs, so identical curves (e.g. before divergence) stay visible
         for s in panel.series:
-            ax.plot(s.steps, s.values, label=label("methods", s.method), lw=1.4,
-                    marker="o" if len(s.steps) <= 30 else None, ms=7 - 1.5 * (methods.index(s.method) % 4),
-                    alpha=0.85)
+            line, = ax.plot(s.steps, s.values, label=label("methods", s.method), lw=1.4,
+                            marker="o" if len(s.steps) <= 30 else None, ms=7 - 1.5 * (methods.index(s.method) % 4),
+                            alpha=0.85)
+            if s.lo:  # several seeds: the curve is their mean, the band their range
+                ax.fill_between(s.steps, s.lo, s.hi, color=line.get_color(), alpha=0.2, lw=0)
     elif kind == "accuracy":
         variants = list(dict.fromkeys(s.variant for s in panel.series))
         for s in panel.series:

@@ -42,7 +42,7 @@ import yaml
 
 from stapo.atomic import atomic_write_json
 from stapo.errors import UserError
-from stapo.study import Study, load, parse
+from stapo.study import Study, load, parse, split_run
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS
 
 __all__ = ["Jobs", "Throughputs", "MODEL_PARAMS_B", "workflow_jobs", "parse_summary", "load_throughputs",
@@ -63,7 +63,8 @@ PAPER_RUN_GPU_HOURS = tuple(PAPER_COST["gpus"] * 24 * d for d in PAPER_COST["day
 
 @dataclass
 class Jobs:
-    """The DAG's jobs: train (model, method), evaluate (model, method, ckpt, benchmark, setting), other rules."""
+    """The DAG's jobs: train (model, run), evaluate (model, run, ckpt, benchmark, setting), other rules; a run is
+    a method, or ``<method>/seed<k>`` in a study of several seeds (stapo.study.Study.runs)."""
 
     train: list[tuple[str, str]] = field(default_factory=list)
     evaluate: list[tuple[str, str, str, str, str]] = field(default_factory=list)
@@ -106,6 +107,8 @@ def parse_summary(text: str) -> Jobs:
             continue
         path, rule = cols[0], cols[2]
         parts = path.split("/")
+        if len(parts) in (5, 7) and parts[3].startswith("seed"):  # a run of a several-seed study: <method>/seed<k>
+            parts = [*parts[:2], f"{parts[2]}/{parts[3]}", *parts[4:]]
         if rule == "train" and len(parts) == 4 and parts[0] == "runs":
             jobs.train.append((parts[1], parts[2]))
         elif rule == "evaluate" and path.endswith(".summary.json") and len(parts) == 6:
@@ -270,8 +273,8 @@ def estimate(jobs: Jobs, study: Study, tp: Throughputs, *, prompt_tokens: float 
     per_model = {}
     for model in models:
         pb = _params_b(study, model, params)
-        runs = {method: train_run_seconds(study, model, method, tp, pb, prompt_tokens, response_tokens)
-                for m, method in jobs.train if m == model}
+        runs = {run: train_run_seconds(study, model, split_run(run)[0], tp, pb, prompt_tokens, response_tokens)
+                for m, run in jobs.train if m == model}
         kinds: dict[str, list] = {"final": [], "base": [], "curve": []}
         for m, method, ckpt, bench, _ in jobs.evaluate:
             if m == model:
@@ -290,7 +293,8 @@ def estimate(jobs: Jobs, study: Study, tp: Throughputs, *, prompt_tokens: float 
               "evaluate": _hours([(h * 3600 if h is not None else None) for v in per_model.values()
                                   for h in v["eval_gpu_hours"].values()])}
     total = None if None in stages.values() else sum(stages.values())
-    return {"jobs": jobs.counts(), "models": per_model, "stages": stages, "total_gpu_hours": total,
+    return {"jobs": jobs.counts(), "seeds": study.seeds, "models": per_model, "stages": stages,
+            "total_gpu_hours": total,
             "assumptions": {"prompt_tokens": prompt_tokens, "response_tokens": response_tokens or "max/3",
                             "eval_tokens": eval_tokens or "max/3", "extra_forward_cost": round(EXTRA_FORWARD, 3)},
             "throughputs": {**asdict(tp), "on_cpu": tp.on_cpu}, "paper_run_gpu_hours": list(PAPER_RUN_GPU_HOURS)}
@@ -303,7 +307,10 @@ def _fmt(hours: float | None) -> str:
 def format_plan(plan: dict) -> str:
     """The human-readable table ``stapo plan`` prints."""
     counts = ", ".join(f"{k} {v}" for k, v in plan["jobs"].items())
-    lines = [f"jobs: {counts} (total {sum(plan['jobs'].values())})",
+    seeds = plan.get("seeds") or []
+    lines = [f"jobs: {counts} (total {sum(plan['jobs'].values())})"
+             + (f"; {len(seeds)} seeds {seeds}: each (model, method) trained and evaluated once per seed"
+                if len(seeds) > 1 else ""),
              "", f"{'model':<20} {'stage':<16} {'jobs':>6} {'GPUs/job':>8} {'GPU-h':>12} {'wall-h/job':>11} "
                  f"{'GPU-h/run':>10}"]
     for model, m in plan["models"].items():

@@ -56,7 +56,8 @@ LOGS = ("metrics.jsonl", *TokenDiagnostics.FILES)  # JSON lines with a "step" fi
 # checkpoint files that only resuming needs; final/ is the checkpoint without them
 RESUME_ONLY = ("optimizer.pt", "scheduler.pt", "trainer_state.json", "scaler.pt", "latest", "zero_to_fp32.py", COMPLETE)
 # train.* keys that change no weight: a rerun may change them
-BOOKKEEPING = ("save_steps", "save_total_limit", "logging_steps", "diagnostics_every", "diagnostics_examples")
+BOOKKEEPING = ("save_steps", "save_total_limit", "logging_steps", "diagnostics_every", "diagnostics_examples",
+               "report_to")
 CONSTANT_LR = ("constant", "constant_with_warmup")
 
 

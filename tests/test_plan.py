@@ -167,3 +167,33 @@ def test_cpu_throughputs_are_refused_for_a_gpu_estimate(tmp_path, capsys, monkey
     assert "measured on a CPU" in line
     assert main(["plan", "--throughputs", str(smoke), "--allow-cpu-throughputs"]) == 0
     assert "WARNING: these throughputs were measured on a CPU" in capsys.readouterr().out
+
+
+def test_seeds_multiply_training_and_its_evaluations(tmp_path):
+    """workflow.seeds: [0, 1, 2] on the miniature: 12 training jobs (4 methods x 3 seeds), each seed's final
+    evaluated, the untrained model once; GPU-hours of training and of trained-model evaluation triple."""
+    seeds = tmp_path / "seeds.yaml"
+    seeds.write_text("workflow: {seeds: [0, 1, 2]}\n")
+    one, study1 = P.workflow_jobs([TINY], ROOT / "Snakefile")
+    three, study3 = P.workflow_jobs([TINY, seeds], ROOT / "Snakefile")
+    assert study3.seeds == [0, 1, 2] and study1.seeds == [0]
+    # (4 methods x 3 seeds + base) x 2 settings; the recipes are shared by the seeds (--seed k on the command)
+    assert three.counts() == {"train": 12, "evaluate": 26, "report": 1, "recipe": 4 + 2 + 1, "study_file": 1}
+    assert ("smollm2-135m", "stapo/seed2") in three.train and ("smollm2-135m", "stapo") in one.train
+    assert ("smollm2-135m", "justrl/seed1", "final", "arith", "t0.7_p0.9") in three.evaluate
+    assert ("smollm2-135m", "base", "base", "arith", "t1.0_p1.0") in three.evaluate
+    tp = P.Throughputs(reference_params_b=0.135, rollout_tokens_per_s=100, train_tokens_per_s=100,
+                       eval_tokens_per_s=100, engine_start_s=0)
+    p1, p3 = P.estimate(one, study1, tp), P.estimate(three, study3, tp)
+    m1, m3 = p1["models"]["smollm2-135m"], p3["models"]["smollm2-135m"]
+    assert m3["train_runs"] == 12 and m3["train_gpu_hours"] == pytest.approx(3 * m1["train_gpu_hours"])
+    assert m3["eval_gpu_hours"]["final"] == pytest.approx(3 * m1["eval_gpu_hours"]["final"])
+    assert m3["eval_gpu_hours"]["base"] == pytest.approx(m1["eval_gpu_hours"]["base"])
+    assert "3 seeds [0, 1, 2]" in P.format_plan(p3) and "seeds" not in P.format_plan(p1).splitlines()[0]
+
+
+def test_seeds_must_be_distinct(tmp_path):
+    seeds = tmp_path / "seeds.yaml"
+    seeds.write_text("workflow: {seeds: [0, 1, 1]}\n")
+    with pytest.raises(UserError, match=r"workflow\.seeds: \[0, 1, 1\] repeats a seed"):
+        P.workflow_jobs([TINY, seeds], ROOT / "Snakefile")

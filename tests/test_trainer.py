@@ -73,6 +73,8 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
         (lambda r: r["train"].update(learning_rat=1e-6), "learning_rat"),
         (lambda r: r["train"].update(reward="exact"), "train.reward"),
         (lambda r: r["train"].update(prompts_per_generation=6, prompts_per_step=4), "train.prompts_per_generation"),
+        (lambda r: r["train"].update(report_to="tensorbord"), "train.report_to"),
+        (lambda r: r["train"].update(report_to=["none", "wandb"]), "train.report_to"),
     ],
 )
 def test_recipe_errors_name_the_key(edit, key):
@@ -429,3 +431,28 @@ def test_token_diagnostics_are_logged(tmp_path, coin):
     for ex in examples:
         assert ex["p"] < 0.002 and ex["advantage"] > 0 and len(ex["top"]) == 5
         assert ex["top"][0]["p"] >= ex["top"][-1]["p"] and isinstance(ex["token"], str)
+
+
+@pytest.mark.slow
+def test_report_to_tensorboard_logs_the_step_metrics(tmp_path, coin):
+    """train.report_to reaches TRL: TensorBoard (offline) gets the loss, entropy and silenced fraction of every
+    optimiser step, equal to metrics.jsonl's, under the run name <model>/<method>/seed<seed>."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    plan = study.resolve_plan(tiny_recipe(report_to="tensorboard", seed=3), "tiny-qwen3", "stapo")
+    T.train(plan, tmp_path)
+    events = sorted((tmp_path / "runs").rglob("events.out.tfevents.*"))
+    assert len(events) == 1, events
+    acc = EventAccumulator(str(events[0].parent)).Reload()
+    tags = set(acc.Tags()["scalars"])
+    rows = read_metrics(tmp_path)
+    # metrics.jsonl's loss is the objective's (the exact kept-token mean); TRL's own "loss" is the provisional one
+    for tag, key in (("train/objective_loss", "loss"), ("train/entropy_mean", "entropy_mean"),
+                     ("train/silenced_fraction", "silenced_fraction")):
+        assert tag in tags, sorted(tags)
+        logged = {e.step: e.value for e in acc.Scalars(tag)}
+        assert sorted(logged) == [1, 2]
+        for row in rows:
+            assert logged[row["step"]] == pytest.approx(row[key], rel=1e-5, abs=1e-6), (tag, logged, row)
+    args = json.loads(acc.Tensors("args/text_summary")[0].tensor_proto.string_val[0])
+    assert args["run_name"] == "tiny-qwen3/stapo/seed3" and args["report_to"] == ["tensorboard"]

@@ -40,8 +40,8 @@ from stapo.tasks.registry import BUNDLED, HUB, benchmark_file
 
 __all__ = ["SCHEMA", "StudyError", "Study", "ModelEntry", "WorkflowSection", "Plan", "load", "parse", "read",
            "check_schema", "study_schema", "resolve_plan", "default", "curve_checkpoints", "kept_checkpoints",
-           "TRAIN_SECTIONS", "EvalSection", "ObjectiveConfig", "OBJECTIVES", "get_objective", "TrainSettings",
-           "train_settings", "accumulation"]
+           "TRAIN_SECTIONS", "split_run", "EvalSection", "ObjectiveConfig", "OBJECTIVES", "get_objective",
+           "TrainSettings", "train_settings", "accumulation"]
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 SECTIONS = ("study", "models", "methods", "train", "eval", "workflow")  # the top-level keys, in order
@@ -113,6 +113,11 @@ class WorkflowSection:
             (a CPU job: threads), unless its model sets ``train_cpus`` / ``eval_cpus``.
         train_mem_mb, train_runtime, eval_mem_mb, eval_runtime: default job resources (MB of node memory,
             minutes per attempt; a retried training job resumes from its last checkpoint).
+        seeds: training seeds: every (model, method) is trained once per seed (``stapo train --seed``: data order,
+            rollout sampling, anything random) and each seed's checkpoints are evaluated; the report shows the
+            across-seed mean with a CI over seeds and problems (stapo.seed_statistics). None = ``[train.seed]``.
+            One seed keeps the one-run layout (``runs/<model>/<method>/``); several give
+            ``runs/<model>/<method>/seed<k>/`` and ``scores/<model>/<method>/seed<k>/...``.
     """
 
     models: list | None = None
@@ -127,6 +132,7 @@ class WorkflowSection:
     train_runtime: int = 2880
     eval_mem_mb: int = 64000
     eval_runtime: int = 720
+    seeds: list | None = None
 
 
 @dataclass
@@ -203,6 +209,24 @@ class Study:
         """The model keys the workflow runs."""
         return list(self.workflow.models or self.models)
 
+    @property
+    def seeds(self) -> list[int]:
+        """The training seeds of the study (``workflow.seeds``, default ``[train.seed]``)."""
+        return list(self.workflow.seeds or [self.train.seed])
+
+    def runs(self, method: str) -> dict[str, int]:
+        """{run name: seed} of one method: the run name is the method key with one seed (the one-run layout),
+        ``<method>/seed<k>`` with several (the path below ``runs/<model>/`` and ``scores/<model>/``)."""
+        if len(self.seeds) == 1:
+            return {method: self.seeds[0]}
+        return {f"{method}/seed{k}": k for k in self.seeds}
+
+
+
+def split_run(run: str) -> tuple[str, int | None]:
+    """(method, seed) of a run name (:meth:`Study.runs`): ``stapo`` -> (stapo, None), ``stapo/seed2`` -> (stapo, 2)."""
+    method, _, seed = run.partition("/seed")
+    return method, (int(seed) if seed else None)
 
 
 def _checked(source: str, build):
@@ -336,6 +360,9 @@ def parse(config: dict, *, source: str = "config", required: tuple[str, ...] | N
         if missing:
             raise StudyError(f"{source}: workflow.curve_settings: {missing[0]!r} is not a key of eval.settings "
                              f"({', '.join(study.eval.settings)})")
+    seeds = study.workflow.seeds
+    if seeds is not None and len(set(seeds)) != len(seeds):
+        raise StudyError(f"{source}: workflow.seeds: {seeds} repeats a seed")
     unknown = [m for m in study.workflow.models or () if m not in study.models]
     if unknown:
         raise StudyError(f"{source}: workflow.models: {unknown[0]!r} is not a key of models "

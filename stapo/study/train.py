@@ -51,6 +51,10 @@ class TrainSettings:
         vllm: further TRL ``vllm_*`` options, keys without the prefix (e.g. ``{enable_sleep_mode: true}``),
             over the device defaults of stapo.vllm_settings.
         seed: seeds model init-free RNG, sampling and the data order.
+        report_to: experiment trackers, passed to TRL as ``report_to`` (``none``, the default, or one or a list of
+            ``tensorboard``, ``wandb``, ``trackio``, ``mlflow``, ... : transformers' integrations); the run name is
+            ``<model>/<method>/seed<seed>``. TensorBoard writes to ``<run dir>/runs/``; wandb / trackio read their
+            own environment (``WANDB_PROJECT``, ``WANDB_MODE=offline``, ...).
         logging_steps: always 1 (metrics.jsonl has one line per optimiser step); kept for completeness.
         diagnostics_every: every N optimiser steps, log the paper's token analysis (stapo.diagnostics: gradient
             norm per probability × entropy quadrant, entropy quantiles, silenced-token examples); 0 = off.
@@ -84,6 +88,7 @@ class TrainSettings:
     vllm_gpu_memory_utilization: float | None = None
     vllm: dict = field(default_factory=dict)
     seed: int = 0
+    report_to: str | list[str] = "none"
     logging_steps: int = 1
     diagnostics_every: int = 0
     diagnostics_examples: int = 8
@@ -121,10 +126,28 @@ def _validate(s: TrainSettings, where: str) -> None:
     if s.learning_rate <= 0 or s.warmup_steps < 0 or s.max_grad_norm < 0 or s.weight_decay < 0:
         raise ValueError(f"{where}.learning_rate must be > 0 and {where}.warmup_steps/max_grad_norm/weight_decay "
                          ">= 0")
+    _validate_trackers(s.report_to, where)
     try:
         validate_source(s.dataset)
     except DatasetError as err:
         raise ValueError(str(err)) from None  # names train.dataset.<key> or the file
+
+
+# transformers' reporting integrations (transformers.integrations.INTEGRATION_TO_CALLBACK, 5.24), named here so a
+# study is checked without importing transformers; "none" and "all" are TrainingArguments' own values.
+TRACKERS = ("none", "all", "azure_ml", "clearml", "codecarbon", "comet_ml", "dagshub", "dvclive", "flyte", "kubeflow",
+            "mlflow", "neptune", "swanlab", "tensorboard", "trackio", "wandb")
+
+
+def _validate_trackers(report_to, where: str) -> None:
+    names = [report_to] if isinstance(report_to, str) else report_to
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{where}.report_to: a tracker name or a list of them, got {report_to!r}")
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown:
+        raise ValueError(f"{where}.report_to: unknown tracker(s) {unknown}; expected some of {list(TRACKERS)}")
+    if len(names) > 1 and ("none" in names or "all" in names):
+        raise ValueError(f"{where}.report_to: 'none' and 'all' stand alone, got {names}")
 
 
 def train_settings(section: dict, where: str = "train") -> TrainSettings:

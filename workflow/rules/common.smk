@@ -44,6 +44,9 @@ except stapo_study.StudyError as err:
 WF = STUDY.workflow
 MODELS = STUDY.run_models
 METHODS = list(STUDY.methods)
+# A run is one (method, seed): its name is the method key with one seed, `<method>/seed<k>` with several
+# (workflow.seeds); runs/<model>/<run>/ and scores/<model>/<run>/ keep the one-run layout for one seed.
+RUNS = {run: (method, seed) for method in METHODS for run, seed in STUDY.runs(method).items()}
 SETTINGS = list(STUDY.eval.settings)
 
 # Each job's --recipe is a content-addressed file holding exactly the config sections the job reads, written by a
@@ -82,7 +85,16 @@ def eval_recipe_of(benchmark, setting):
 
 
 def train_recipe(wildcards):
-    return train_recipe_of(wildcards.model, wildcards.method)
+    return train_recipe_of(wildcards.model, RUNS[wildcards.run][0])
+
+
+def run_method(wildcards):
+    return RUNS[wildcards.run][0]
+
+
+def run_seed_option(wildcards):
+    """`--seed k` when the study names its seeds (workflow.seeds); else none: the recipe's train.seed."""
+    return f" --seed {RUNS[wildcards.run][1]}" if WF.seeds is not None else ""
 
 
 def eval_recipe(wildcards):
@@ -106,30 +118,30 @@ def benchmark_input(wildcards):
     return [file] if file else []
 
 
-def score_file(model, method, ckpt, benchmark, setting):
-    return f"scores/{model}/{method}/{ckpt}/{benchmark}/{setting}.summary.json"
+def score_file(model, run, ckpt, benchmark, setting):
+    return f"scores/{model}/{run}/{ckpt}/{benchmark}/{setting}.summary.json"
 
 
 def all_summaries():
-    """One summary per (model, method, checkpoint, benchmark, setting) evaluation job of the study."""
+    """One summary per (model, run, checkpoint, benchmark, setting) evaluation job of the study."""
     full = WF.checkpoints
     curve_bench = WF.curve_benchmark
     curve_settings = STUDY.curve_settings
     files = []
     for model in MODELS:
-        runs = [(method, ckpt) for method in METHODS for ckpt in full]
-        runs += [(BASE, BASE)] if WF.eval_base else []
-        for method, ckpt in runs:
-            files += [score_file(model, method, ckpt, b, s) for b in benchmarks() for s in SETTINGS]
+        runs = [(run, ckpt) for run in RUNS for ckpt in full]
+        runs += [(BASE, BASE)] if WF.eval_base else []  # the untrained model: one evaluation for every seed
+        for run, ckpt in runs:
+            files += [score_file(model, run, ckpt, b, s) for b in benchmarks() for s in SETTINGS]
         if curve_bench in benchmarks():
-            for method in METHODS:
-                files += [score_file(model, method, c, curve_bench, s)
+            for run in RUNS:
+                files += [score_file(model, run, c, curve_bench, s)
                           for c in stapo_study.curve_checkpoints(STUDY, model) if c not in full for s in curve_settings]
     return files
 
 
 def all_final_dirs():
-    return [f"runs/{model}/{method}/final" for model in MODELS for method in METHODS]
+    return [f"runs/{model}/{run}/final" for model in MODELS for run in RUNS]
 
 
 def figure_files(ext):
@@ -179,13 +191,13 @@ def eval_model_input(wildcards):
     """Evaluations of trained checkpoints wait for training to finish (final/ exists)."""
     if wildcards.ckpt == BASE:
         return []
-    return f"runs/{wildcards.model}/{wildcards.method}/final"
+    return f"runs/{wildcards.model}/{wildcards.run}/final"
 
 
 def eval_model_arg(wildcards):
     if wildcards.ckpt == BASE:
         return STUDY.models[wildcards.model].spec
-    return f"runs/{wildcards.model}/{wildcards.method}/{wildcards.ckpt}"
+    return f"runs/{wildcards.model}/{wildcards.run}/{wildcards.ckpt}"
 
 
 def eval_options(wildcards):

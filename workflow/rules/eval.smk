@@ -1,6 +1,6 @@
-# One job per (model, method, checkpoint, benchmark, setting), so evaluations run in parallel and a killed one
-# reruns alone. ckpt is `final`, `checkpoint-<N>` (the accuracy-vs-step curve) or `base` (the untrained model,
-# method `base`). The summary is written last by `stapo eval`; the per-sample .jsonl comes with it.
+# One job per (model, run, checkpoint, benchmark, setting), so evaluations run in parallel and a killed one
+# reruns alone. A run is a method or `<method>/seed<k>` (workflow.seeds). ckpt is `final`, `checkpoint-<N>` (the
+# accuracy-vs-step curve) or `base` (the untrained model, run `base`). The summary is written last by `stapo eval`; the per-sample .jsonl comes with it.
 
 
 rule evaluate:
@@ -9,16 +9,16 @@ rule evaluate:
         benchmark_input,
         recipe=ancient(eval_recipe),  # content-addressed: its name changes iff the job's config does
     output:
-        samples="scores/{model}/{method}/{ckpt}/{benchmark}/{setting}.jsonl",
-        summary="scores/{model}/{method}/{ckpt}/{benchmark}/{setting}.summary.json",
+        samples="scores/{model}/{run}/{ckpt}/{benchmark}/{setting}.jsonl",
+        summary="scores/{model}/{run}/{ckpt}/{benchmark}/{setting}.summary.json",
     log:
-        "logs/eval/{model}/{method}/{ckpt}/{benchmark}/{setting}.log",
+        "logs/eval/{model}/{run}/{ckpt}/{benchmark}/{setting}.log",
     params:
         model=eval_model_arg,
         options=eval_options,
     wildcard_constraints:
         model="|".join(map(re.escape, MODELS)),
-        method="|".join(map(re.escape, METHODS + [BASE])),
+        run="|".join(map(re.escape, [*RUNS, BASE])),
         ckpt=f"final|checkpoint-[0-9]+|{BASE}",
         benchmark="|".join(map(re.escape, STUDY.eval.benchmarks)),
         setting="|".join(map(re.escape, SETTINGS)),

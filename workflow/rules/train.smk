@@ -1,4 +1,5 @@
-# One job per (model, method). The output is runs/<model>/<method>/final, which `stapo train` writes last and
+# One job per (model, run), a run being a method (one seed) or `<method>/seed<k>` (workflow.seeds). The output is
+# runs/<model>/<run>/final, which `stapo train` writes last and
 # atomically, so its presence means "done". The run directory itself (checkpoint-N/, metrics.jsonl) is not an
 # output: Snakemake never deletes it when a job fails or is killed, and the rerun resumes from the last
 # checkpoint (`stapo train` resumes by itself). Run with --rerun-incomplete after a kill.
@@ -8,15 +9,17 @@ rule train:
     input:
         recipe=ancient(train_recipe),  # content-addressed: its name changes iff the job's config does
     output:
-        final=directory("runs/{model}/{method}/final"),
+        final=directory("runs/{model}/{run}/final"),
     log:
-        "logs/train/{model}/{method}.log",
+        "logs/train/{model}/{run}.log",
     params:
         launcher=train_launcher,
+        method=run_method,
+        seed=run_seed_option,
         run_dir=lambda wildcards, output: str(Path(output.final).parent),
     wildcard_constraints:
         model="|".join(map(re.escape, MODELS)),
-        method="|".join(map(re.escape, METHODS)),
+        run="|".join(map(re.escape, RUNS)),
     threads: train_cpus
     resources:
         gpu=train_gpus,
@@ -26,4 +29,4 @@ rule train:
         "../envs/stapo.yaml"
     shell:
         "{params.launcher} train --recipe {input.recipe} --model {wildcards.model}"
-        " --method {wildcards.method} --out {params.run_dir} > {log} 2>&1"
+        " --method {params.method}{params.seed} --out {params.run_dir} > {log} 2>&1"

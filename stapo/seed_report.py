@@ -1,0 +1,166 @@
+"""The across-seed part of ``stapo report`` for a study of several seeds (``workflow.seeds``).
+
+Inputs: the per-sample files of every seed's evaluation,
+    scores/<model>/<method>/seed<k>/<ckpt>/<benchmark>/<setting>.jsonl      (one per seed)
+    scores/<model>/base/base/<benchmark>/<setting>.jsonl                    (the untrained model: one "seed")
+Outputs:
+    :func:`seed_scores`  one cell per (model, method, ckpt, benchmark, setting): the mean over seeds of avg@N with
+                         the 95 % CI of a two-stage bootstrap over seeds and problems (stapo.seed_statistics), for
+                         the report's table (its cells then read "mean over n seeds")
+    :func:`render_seeds` results/seeds.md: per model and setting, each cell "mean [lo, hi]" with n seeds and each
+                         seed's own number, then the paired comparisons — every method minus JustRL, and STAPO
+                         minus every other method — per benchmark and on Avg, with the paired CI; "*" marks an
+                         interval that excludes zero.
+
+Accuracy is the verifier-corrected verdict where the evaluation ran a verifier (``correct_verified``), else the
+strict rule verdict (``correct``), as in the main table. Avg's paired difference is the mean of the benchmarks'
+differences, its half-width sqrt(Σ h_i²)/k (independent benchmarks, the main table's rule for Avg).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from stapo import study as stapo_study
+from stapo.names import BASE
+from stapo.seed_statistics import PairedDifference, SeedCell, paired_difference, seed_cell
+
+__all__ = ["load_seed_samples", "seed_cells", "seed_scores", "paired_table", "render_seeds"]
+
+Key = tuple[str, str, str, str, str]  # (model, method, ckpt, benchmark, setting)
+
+
+def _correct_matrix(path: Path) -> tuple[list[str], np.ndarray, str]:
+    """(problem ids in order, [P, N] 0/1, verdict field) of one per-sample file."""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"{path}: no samples")
+    field = "correct_verified" if all("correct_verified" in r for r in rows) else "correct"
+    by_problem: dict[str, list] = defaultdict(list)
+    for r in sorted(rows, key=lambda r: r["sample"]):
+        by_problem[str(r["problem_id"])].append(bool(r[field]))
+    ids = sorted(by_problem)
+    n = {len(v) for v in by_problem.values()}
+    if len(n) != 1:
+        raise ValueError(f"{path}: problems have different numbers of samples {sorted(n)}")
+    return ids, np.array([by_problem[i] for i in ids], dtype=float), field
+
+
+def load_seed_samples(scores_dir: str | Path) -> dict[Key, dict[int, Path]]:
+    """``(model, method, ckpt, benchmark, setting) -> {seed: per-sample file}`` of every seed's evaluation."""
+    out: dict[Key, dict[int, Path]] = defaultdict(dict)
+    for path in sorted(Path(scores_dir).glob("*/*/seed*/*/*/*.jsonl")):
+        model, method, seed_dir, ckpt, bench = path.relative_to(scores_dir).parts[:5]
+        method_key, seed = stapo_study.split_run(f"{method}/{seed_dir}")
+        if seed is None:
+            continue
+        out[(model, method_key, ckpt, bench, path.name.removesuffix(".jsonl"))][seed] = path
+    return dict(out)
+
+
+def _stack(files: dict[int, Path]) -> tuple[list[int], np.ndarray]:
+    """(seeds, correct [S, P, N]) of one cell's seeds, all on the same problems."""
+    seeds = sorted(files)
+    mats = [_correct_matrix(files[s]) for s in seeds]
+    ids = mats[0][0]
+    for s, (other, _, _) in zip(seeds, mats):
+        if other != ids:
+            raise ValueError(f"{files[s]}: its problems differ from seed {seeds[0]}'s ({files[seeds[0]]})")
+    n = min(m.shape[1] for _, m, _ in mats)
+    return seeds, np.stack([m[:, :n] for _, m, _ in mats])
+
+
+def seed_cells(scores_dir: str | Path) -> dict[Key, tuple[list[int], np.ndarray]]:
+    """Every several-seed cell as (seeds, correct [S, P, N]), plus the untrained model's one evaluation."""
+    cells = {key: _stack(files) for key, files in load_seed_samples(scores_dir).items()}
+    for path in sorted(Path(scores_dir).glob(f"*/{BASE}/{BASE}/*/*.jsonl")):
+        model, _, _, bench = path.relative_to(scores_dir).parts[:4]
+        _, correct, _ = _correct_matrix(path)
+        cells[(model, BASE, BASE, bench, path.name.removesuffix(".jsonl"))] = ([0], correct[None])
+    return cells
+
+
+def seed_scores(cells: dict[Key, tuple[list[int], np.ndarray]]) -> dict[Key, SeedCell]:
+    """The mean over seeds and its two-stage CI of every cell (:func:`seed_cells`)."""
+    return {key: seed_cell(correct) for key, (_, correct) in cells.items()}
+
+
+def _reference(study, objective: str) -> list[str]:
+    return [k for k, o in study.methods.items() if o.method == objective]
+
+
+def paired_table(cells: dict, model: str, setting: str, benchmarks: list[str], study
+                 ) -> list[tuple[str, str, list[PairedDifference | None], tuple[float, float] | None]]:
+    """(a, b, [A − B per benchmark], Avg (mean, half-width)) for every method − JustRL and STAPO − every other
+    method, on the final checkpoints of ``model`` at ``setting`` (pairs missing a cell get None)."""
+    methods = [m for m in study.methods if any(k[:3] == (model, m, "final") for k in cells)]
+    pairs = [(m, ref) for ref in _reference(study, "justrl") if ref in methods for m in methods if m != ref]
+    pairs += [(s, m) for s in _reference(study, "stapo") if s in methods for m in methods
+              if m != s and (s, m) not in pairs and (m, s) not in pairs]
+    out = []
+    for a, b in pairs:
+        diffs = []
+        for bench in benchmarks:
+            ca, cb = cells.get((model, a, "final", bench, setting)), cells.get((model, b, "final", bench, setting))
+            same = ca is not None and cb is not None and ca[0] == cb[0] and ca[1].shape[:2] == cb[1].shape[:2]
+            diffs.append(paired_difference(ca[1], cb[1]) if same else None)
+        present = [d for d in diffs if d is not None]
+        avg = None
+        if present and len(present) == len(diffs):
+            avg = (sum(d.mean for d in present) / len(present),
+                   math.sqrt(sum(((d.hi - d.lo) / 2) ** 2 for d in present)) / len(present))
+        out.append((a, b, diffs, avg))
+    return out
+
+
+def _cell_text(c: SeedCell | None) -> str:
+    if c is None:
+        return "–"
+    return f"{c.mean:.1f} [{c.lo:.1f}, {c.hi:.1f}]"
+
+
+def _diff_text(d: PairedDifference | None) -> str:
+    if d is None:
+        return "–"
+    return f"{d.mean:+.1f} [{d.lo:+.1f}, {d.hi:+.1f}]{'*' if d.excludes_zero else ''}"
+
+
+def render_seeds(cells: dict, study, models: list[str], benchmarks: list[str], settings: list[str]) -> str:
+    """results/seeds.md (module docstring)."""
+    scores = seed_scores(cells)
+    label = study.label
+    lines = ["# Across seeds", "",
+             f"Seeds: {study.seeds}. Each cell: avg@N averaged over seeds, with the 95 % CI of a two-stage bootstrap "
+             "(seeds, then problems); n = seeds behind it, then each seed's own avg@N. Paired differences pair "
+             "each (seed, problem) of the two methods; * = the 95 % CI excludes 0.", ""]
+    for model in models:
+        for setting in settings:
+            lines += [f"## {label('models', model)}, {label('settings', setting)}", "",
+                      "| method | n | " + " | ".join(label("benchmarks", b) for b in benchmarks) + " | per seed |",
+                      "|---|---|" + "---|" * len(benchmarks) + "---|"]
+            for method in [*study.methods, BASE]:
+                row = [scores.get((model, method, "final" if method != BASE else BASE, b, setting))
+                       for b in benchmarks]
+                if not any(row):
+                    continue
+                n = max(c.n_seeds for c in row if c)
+                per_seed = "; ".join(f"{label('benchmarks', b)} " + "/".join(f"{m:.1f}" for m in c.seed_means)
+                                     for b, c in zip(benchmarks, row) if c)
+                lines.append(f"| {label('methods', method)} | {n} | "
+                             + " | ".join(_cell_text(c) for c in row) + f" | {per_seed} |")
+            pairs = paired_table(cells, model, setting, benchmarks, study)
+            if pairs:
+                lines += ["", "| paired difference | " + " | ".join(label("benchmarks", b) for b in benchmarks)
+                          + " | Avg |", "|---|" + "---|" * (len(benchmarks) + 1)]
+                for a, b, diffs, avg in pairs:
+                    avg_text = "–" if avg is None else (f"{avg[0]:+.1f} ± {avg[1]:.1f}"
+                                                        + ("*" if abs(avg[0]) > avg[1] else ""))
+                    lines.append(f"| {label('methods', a)} − {label('methods', b)} | "
+                                 + " | ".join(_diff_text(d) for d in diffs) + f" | {avg_text} |")
+            lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""The across-seed report (stapo.seed_report) on synthetic per-sample files of a 3-seed study with a known effect."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stapo import study
+from stapo.seed_report import load_seed_samples, paired_table, render_seeds, seed_cells, seed_scores
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write(path: Path, correct: np.ndarray, verified: np.ndarray | None = None) -> None:
+    """Per-sample records (the fields stapo.scoring.build_records writes) of correct [P, N]."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"problem_id": f"p{p:03d}", "sample": k, "correct": bool(correct[p, k]),
+             **({"correct_verified": bool(verified[p, k])} if verified is not None else {})}
+            for p in range(correct.shape[0]) for k in range(correct.shape[1])]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[::-1]))  # order on disk does not matter
+
+
+@pytest.fixture
+def tiny_study():
+    recipe = study.load(ROOT / "configs" / "tiny.yaml")
+    recipe["workflow"]["seeds"] = [0, 1, 2]
+    return study.parse(recipe, check_runs=False)
+
+
+@pytest.fixture
+def scores(tmp_path):
+    """justrl solves each problem with p = d, stapo with p = d + 0.15, grpo with p = d; 3 seeds, 200 problems x 4."""
+    rng = np.random.default_rng(0)
+    d = rng.uniform(0.1, 0.6, size=200)
+    for method, shift in (("justrl", 0.0), ("stapo", 0.15), ("grpo", 0.0)):
+        for seed in range(3):
+            correct = rng.random((200, 4)) < (d + shift)[:, None]
+            _write(tmp_path / "m" / method / f"seed{seed}" / "final" / "arith" / "t1.0_p1.0.jsonl", correct)
+    _write(tmp_path / "m" / "base" / "base" / "arith" / "t1.0_p1.0.jsonl", rng.random((200, 4)) < d[:, None] / 2)
+    return tmp_path
+
+
+def test_cells_hold_every_seed_and_the_base(scores):
+    files = load_seed_samples(scores)
+    assert sorted(files[("m", "stapo", "final", "arith", "t1.0_p1.0")]) == [0, 1, 2]
+    cells = seed_cells(scores)
+    seeds, correct = cells[("m", "stapo", "final", "arith", "t1.0_p1.0")]
+    assert seeds == [0, 1, 2] and correct.shape == (3, 200, 4)
+    assert cells[("m", "base", "base", "arith", "t1.0_p1.0")][1].shape == (1, 200, 4)
+    cell = seed_scores(cells)[("m", "stapo", "final", "arith", "t1.0_p1.0")]
+    assert cell.mean == pytest.approx(100 * correct.mean()) and cell.n_seeds == 3
+    assert cell.seed_means == pytest.approx(tuple(100 * correct[s].mean() for s in range(3)))
+
+
+def test_paired_table_finds_the_known_effect(scores, tiny_study):
+    cells = seed_cells(scores)
+    rows = {(a, b): (diffs, avg) for a, b, diffs, avg in paired_table(cells, "m", "t1.0_p1.0", ["arith"],
+                                                                       tiny_study)}
+    # every method minus JustRL, then STAPO minus the others (not JustRL twice); entropy20 has no scores
+    assert list(rows) == [("grpo", "justrl"), ("stapo", "justrl"), ("stapo", "grpo")]
+    stapo_justrl = rows[("stapo", "justrl")][0][0]
+    assert stapo_justrl.lo < 15.0 < stapo_justrl.hi and stapo_justrl.excludes_zero
+    grpo_justrl = rows[("grpo", "justrl")][0][0]
+    assert grpo_justrl.lo < 0 < grpo_justrl.hi and not grpo_justrl.excludes_zero
+    assert rows[("stapo", "grpo")][0][0].lo > 0
+
+
+def test_rendered_markdown(scores, tiny_study):
+    text = render_seeds(seed_cells(scores), tiny_study, ["m"], ["arith"], ["t1.0_p1.0"])
+    stapo_row = next(line for line in text.splitlines() if line.startswith("| STAPO | 3 |"))
+    base_row = next(line for line in text.splitlines() if line.startswith("| Base | 1 |"))
+    assert stapo_row.count("[") == 1 and base_row
+    pair = next(line for line in text.splitlines() if line.startswith("| STAPO − JustRL |"))
+    assert pair.count("*") == 2  # the benchmark and Avg both exclude zero
+    assert next(line for line in text.splitlines() if line.startswith("| GRPO − JustRL |")).count("*") == 0
+
+
+def test_the_verifier_verdict_is_used_where_present(tmp_path):
+    ones, zeros = np.ones((5, 2), bool), np.zeros((5, 2), bool)
+    for seed in (0, 1):
+        _write(tmp_path / "m" / "stapo" / f"seed{seed}" / "final" / "b" / "s.jsonl", zeros, verified=ones)
+    cell = seed_scores(seed_cells(tmp_path))[("m", "stapo", "final", "b", "s")]
+    assert cell.mean == 100.0 and cell.seed_means == (100.0, 100.0)
+
+
+def test_seeds_on_different_problems_are_an_error(tmp_path):
+    _write(tmp_path / "m" / "stapo" / "seed0" / "final" / "b" / "s.jsonl", np.ones((5, 2), bool))
+    _write(tmp_path / "m" / "stapo" / "seed1" / "final" / "b" / "s.jsonl", np.ones((4, 2), bool))
+    with pytest.raises(ValueError, match="seed1.*problems differ from seed 0"):
+        seed_cells(tmp_path)
