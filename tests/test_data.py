@@ -204,3 +204,13 @@ def test_training_dataset_prompt_option(tmp_path, qwen3_tokenizer):
         assert ds[0]["prompt"] == f"<|im_start|>user\n{text}{PROMPT_SUFFIX}<|im_end|>\n<|im_start|>assistant\n"
     with pytest.raises(ValueError, match="train.prompt: 'raw'"):
         training_dataset({"path": str(path)}, qwen3_tokenizer, 1024, prompt="raw")
+
+
+def test_train_prompt_key_is_validated_and_defaults_to_stripped():
+    from stapo.study.train import train_settings
+
+    assert train_settings({}).prompt == "stripped"
+    assert train_settings({"prompt": "justrl_raw"}).prompt == "justrl_raw"
+    with pytest.raises(ValueError, match=r"train.prompt: unknown prompt 'raw'; expected one of \['stripped', "
+                                         r"'justrl_raw'\]"):
+        train_settings({"prompt": "raw"})
