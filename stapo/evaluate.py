@@ -15,7 +15,11 @@ bad input fails in seconds with one line naming the file or the option.
 
 Grading (stapo.grading; README "How scores are computed"): the reported verdict is strict (the final ``\\boxed{}``
 only); the lenient fallback is kept per sample as a diagnostic. With ``eval.verifier`` set, an LLM verifier
-(CompassVerifier, stapo/verifier.py) re-judges the samples the rule grader marked wrong.
+(CompassVerifier, stapo/verifier.py) re-judges the samples the rule grader marked wrong; a verifier that cannot be
+loaded (not bundled, not a local directory with weights, not in the local Hugging Face cache while the hub is off
+or unreachable) fails the preflight with one line saying how to get it or turn it off (``eval.verifier: null``).
+``eval.protocol`` (``justrl``, the paper's, or ``harness``) picks the prompt (stapo.data) and the verifier's inputs
+and verdict parsing (stapo.verifier); it is recorded in the summary's ``generation`` block and keys the cache.
 
 Outputs (written atomically): FILE.jsonl, one record per sample {problem_id, sample, completion, extracted, gold,
 correct, status, correct_fallback, extracted_fallback, tokens, truncated} (+ verifier, correct_verified); then

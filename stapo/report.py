@@ -390,8 +390,9 @@ def render_latex(layout: dict, paper: dict, study: stapo_study.Study) -> str:
     out = [f"% STAPO reproduction, study {study.name}: accuracy (%) at the first setting (the others)"]
     for model, entry in layout.items():
         benches = entry["benchmarks"]
-        caption = _tex_escape(f"{study.label('models', model)}: accuracy (%), "
-                              f"{_settings_note(entry['settings'], study)}.")
+        kind = "verifier-corrected / rule-only accuracy" if _verified(entry) else "accuracy"
+        caption = _tex_escape(f"{study.label('models', model)}: {kind} (%), "
+                              f"{_settings_note(entry['settings'], study)}. {_eval_protocol_note(entry, study)}")
         out += [r"\begin{table}[t]", r"\centering", r"\small", rf"\caption{{{caption}}}",
                 r"\begin{tabular}{l" + "c" * (len(benches) + 1) + "}", r"\toprule",
                 " & ".join(["Method"] + [_tex_escape(study.label("benchmarks", b)) for b in benches] + ["Avg"])

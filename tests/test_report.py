@@ -306,6 +306,8 @@ def test_verifier_corrected_and_rule_only_side_by_side_in_each_cell(tmp_path):
     assert "Each cell: **verifier-corrected / rule-only** accuracy (%)." in table
     assert "Cells: verifier-corrected / rule-only accuracy." in table
     assert "Evaluation protocol: eval.protocol justrl, verifier: opencompass/CompassVerifier-3B." in table
+    tex = (tmp_path / "results" / "table.tex").read_text()
+    assert "verifier-corrected / rule-only accuracy (\\%)" in tex and "26.00 / 20.00 (26.00 / 20.00)" in tex
     with open(tmp_path / "results" / "scores.csv", newline="") as f:
         rows_csv = list(csv.DictReader(f))
     cell = next(r for r in rows_csv if r["method"] == "stapo" and r["benchmark"] == "aime24")
