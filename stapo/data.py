@@ -1,8 +1,19 @@
 """Prompts and datasets: the paper's prompt template, training sets, benchmark rows.
 
-The prompt (paper, Training Details): the bare problem followed by the \\boxed{} instruction, as the user turn of
-the tokenizer's chat template (plain text when the tokenizer has no template). Training and evaluation use the
-same function, so the two can never drift apart.
+The prompt (paper, Training Details): the problem followed by the \\boxed{} instruction, as the user turn of the
+tokenizer's chat template (plain text when the tokenizer has no template). Training and evaluation use the same
+function, :func:`build_prompt`; only the join between problem and instruction differs by ``style``:
+
+* ``justrl`` (``eval.protocol: justrl``, the paper's evaluation): the stripped problem, ONE space, the instruction,
+  as JustRL's ``evals/gen_vllm.py`` (thunlp/JustRL @ cf444e9: ``PROMPT_TEMPLATE = "{problem} Please reason step by
+  step, ..."`` over ``prompt[0]["content"].strip()``, sent with ``llm.chat``, i.e. the model's chat template with
+  the generation prompt);
+* ``harness`` (``eval.protocol: harness``) and ``stripped`` (``train.prompt: stripped``, the default): the stripped
+  problem, a blank line, the instruction (this harness's original prompt);
+* ``justrl_raw`` (``train.prompt: justrl_raw``): the row's text as it is (for DAPO-Math-17k the raw text, the
+  DAPO instruction wrapper included, not stripped), ``"\\n\\n"``, the instruction, as JustRL's training data
+  (``train/verl/utils/dataset/rl_dataset.py``, ``use_boxed_suffix_prompt``: ``content + "\\n\\nPlease reason step by
+  step, ..."``, set by ``train/examples/justrl/run_scaling_ssh_distill.sh``).
 """
 
 from __future__ import annotations
@@ -12,15 +23,31 @@ import logging
 import random
 from pathlib import Path
 
-__all__ = ["PROMPT_SUFFIX", "build_prompt"]
+__all__ = ["PROMPT_SUFFIX", "PROMPT_STYLES", "EVAL_PROTOCOLS", "TRAIN_PROMPTS", "build_prompt", "prompt_text"]
 
 log = logging.getLogger("stapo.data")
 PROMPT_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
-def build_prompt(problem: str, tokenizer=None) -> str:
+EVAL_PROTOCOLS = ("justrl", "harness")  # eval.protocol values (stapo.study.evaluation)
+TRAIN_PROMPTS = ("stripped", "justrl_raw")  # train.prompt values (stapo.study.train)
+PROMPT_STYLES = EVAL_PROTOCOLS + TRAIN_PROMPTS
+
+
+def prompt_text(problem: str, style: str = "harness") -> str:
+    """The user turn (before any chat template) for ``style`` (one of ``PROMPT_STYLES``; the module docstring)."""
+    if style == "justrl":
+        return f"{problem.strip()} {PROMPT_SUFFIX}"
+    if style in ("harness", "stripped"):
+        return f"{problem.strip()}\n\n{PROMPT_SUFFIX}"
+    if style == "justrl_raw":
+        return f"{problem}\n\n{PROMPT_SUFFIX}"
+    raise ValueError(f"prompt style: {style!r}; expected one of {list(PROMPT_STYLES)}")
+
+
+def build_prompt(problem: str, tokenizer=None, style: str = "harness") -> str:
     """The text the policy is conditioned on: chat-templated user turn when the tokenizer has a template."""
-    content = f"{problem.strip()}\n\n{PROMPT_SUFFIX}"
+    content = prompt_text(problem, style)
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return content
     return tokenizer.apply_chat_template(
@@ -144,8 +171,10 @@ def _dapo_fields(row: dict) -> tuple[str, str]:
     return prompt, str(gold)
 
 
-def dapo_math_rows(records, where: str = DAPO_HUB_ID) -> list[dict]:
-    """Rows {problem, answer} from DAPO-Math-17k records, deduplicated by prompt (first occurrence kept)."""
+def dapo_math_rows(records, where: str = DAPO_HUB_ID, raw: bool = False) -> list[dict]:
+    """Rows {problem, answer} from DAPO-Math-17k records, deduplicated by prompt (first occurrence kept); the problem
+    is the bare problem (wrapper stripped), or with ``raw`` the record's text as it is (``train.prompt:
+    justrl_raw``)."""
     seen, rows = set(), []
     for i, record in enumerate(records):
         try:
@@ -155,19 +184,20 @@ def dapo_math_rows(records, where: str = DAPO_HUB_ID) -> list[dict]:
         if prompt in seen:
             continue
         seen.add(prompt)
-        rows.append(_check_row({"problem": strip_dapo_wrapper(prompt), "answer": gold}, f"{where}: row {i}"))
+        problem = prompt if raw else strip_dapo_wrapper(prompt)
+        rows.append(_check_row({"problem": problem, "answer": gold}, f"{where}: row {i}"))
     return rows
 
 
-def _hub_rows(name: str, source: dict) -> list[dict]:
+def _hub_rows(name: str, source: dict, raw: bool = False) -> list[dict]:
     import datasets
 
     if name == "dapo-math-17k":
         records = datasets.load_dataset(DAPO_HUB_ID, split=source.get("split", "train"))
-        return dapo_math_rows(records, DAPO_HUB_ID)
+        return dapo_math_rows(records, DAPO_HUB_ID, raw)
     records = datasets.load_dataset(DAPO_PROCESSED_HUB_ID, source.get("config", "en"),
                                     split=source.get("split", "train"))
-    return dapo_math_rows(records, DAPO_PROCESSED_HUB_ID)
+    return dapo_math_rows(records, DAPO_PROCESSED_HUB_ID, raw)
 
 
 def validate_source(source: dict) -> None:
@@ -184,8 +214,9 @@ def validate_source(source: dict) -> None:
         raise DatasetError(f"train.dataset.name: unknown dataset {source['name']!r}; expected one of {list(names)}")
 
 
-def load_problems(source: dict) -> list[dict]:
-    """Rows {problem, answer} for a ``train.dataset`` mapping (see the section comment above)."""
+def load_problems(source: dict, raw: bool = False) -> list[dict]:
+    """Rows {problem, answer} for a ``train.dataset`` mapping (see the section comment above); ``raw``: DAPO-Math
+    rows keep their instruction wrapper (``train.prompt: justrl_raw``)."""
     validate_source(source)
     if "path" in source:
         rows = read_rows(source["path"])
@@ -194,7 +225,7 @@ def load_problems(source: dict) -> list[dict]:
                                    int(source.get("difficulty", 1)))
         rows = [{"problem": r["problem"], "answer": r["answer"]} for r in gen]
     else:
-        rows = _hub_rows(source["name"], source)
+        rows = _hub_rows(source["name"], source, raw)
     if source.get("limit"):
         rows = rows[: int(source["limit"])]
     if not rows:
@@ -202,14 +233,17 @@ def load_problems(source: dict) -> list[dict]:
     return rows
 
 
-def training_dataset(source: dict, tokenizer, max_prompt_length: int):
-    """A datasets.Dataset with ``prompt`` (paper prompt, chat-templated) and ``answer`` columns; prompts longer
-    than ``max_prompt_length`` tokens are dropped (verl's filter_overlong_prompts), with a warning."""
+def training_dataset(source: dict, tokenizer, max_prompt_length: int, prompt: str = "stripped"):
+    """A datasets.Dataset with ``prompt`` (paper prompt, chat-templated, in the ``train.prompt`` style) and
+    ``answer`` columns; prompts longer than ``max_prompt_length`` tokens are dropped (verl's
+    filter_overlong_prompts), with a warning."""
     from datasets import Dataset
 
-    rows, dropped = [], 0
-    for row in load_problems(source):
-        prompt = build_prompt(row["problem"], tokenizer)
+    if prompt not in TRAIN_PROMPTS:
+        raise ValueError(f"train.prompt: {prompt!r}; expected one of {list(TRAIN_PROMPTS)}")
+    style, rows, dropped = prompt, [], 0
+    for row in load_problems(source, raw=style == "justrl_raw"):
+        prompt = build_prompt(row["problem"], tokenizer, style)
         if len(tokenizer(prompt)["input_ids"]) > max_prompt_length:
             dropped += 1
             continue

@@ -15,7 +15,11 @@ bad input fails in seconds with one line naming the file or the option.
 
 Grading (stapo.grading; README "How scores are computed"): the reported verdict is strict (the final ``\\boxed{}``
 only); the lenient fallback is kept per sample as a diagnostic. With ``eval.verifier`` set, an LLM verifier
-(CompassVerifier, stapo/verifier.py) re-judges the samples the rule grader marked wrong.
+(CompassVerifier, stapo/verifier.py) re-judges the samples the rule grader marked wrong; a verifier that cannot be
+loaded (not bundled, not a local directory with weights, not in the local Hugging Face cache while the hub is off
+or unreachable) fails the preflight with one line saying how to get it or turn it off (``eval.verifier: null``).
+``eval.protocol`` (``justrl``, the paper's, or ``harness``) picks the prompt (stapo.data) and the verifier's inputs
+and verdict parsing (stapo.verifier); it is recorded in the summary's ``generation`` block and keys the cache.
 
 Outputs (written atomically): FILE.jsonl, one record per sample {problem_id, sample, completion, extracted, gold,
 correct, status, correct_fallback, extracted_fallback, tokens, truncated} (+ verifier, correct_verified); then
@@ -44,7 +48,7 @@ from stapo.manifest import COMPLETE, FINAL_COMPLETE
 from stapo.grading import grade
 from stapo.models import check_spec, resolve_model
 from stapo.scoring import build_records, summarize
-from stapo.study.evaluation import BACKENDS, EvalConfig, EvalSection
+from stapo.study.evaluation import BACKENDS, VERIFIER_DEFAULTS, EvalConfig, EvalSection
 from stapo.tasks.registry import BENCHMARKS, SETTINGS, _tokenizer, benchmark_file, read_benchmark_file
 
 if TYPE_CHECKING:  # stapo.generation imports lm-eval: loaded only once the inputs have passed
@@ -101,7 +105,7 @@ def resolve_config(args: argparse.Namespace) -> EvalConfig:
         backend=backend, limit=pick(args.limit, first(bench.limit, section.limit)),
         data_dir=pick(args.data_dir, section.data_dir),
         seed=int(args.seed), file=bench.file, backend_args=dict(getattr(section, backend) or {}),
-        arith=bench.arith, verifier=section.verifier,
+        arith=bench.arith, verifier=section.verifier, protocol=section.protocol,
     )
 
 
@@ -161,6 +165,56 @@ def _check_spec(spec: str) -> None:
         raise EvalInputError(f"--model: {path} has no weights file (one of {', '.join(manifest.WEIGHTS)})")
 
 
+def _offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _in_hf_cache(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds ``repo_id``'s config and a weights file (no network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def cached(name):
+        return isinstance(try_to_load_from_cache(repo_id, name), str)
+
+    return cached("config.json") and any(cached(w) for w in manifest.WEIGHTS)
+
+
+def _check_verifier(cfg: EvalConfig) -> None:
+    """``eval.verifier.model`` can be loaded: a bundled model, a local directory with weights, a hub id in the local
+    Hugging Face cache, or (hub reachable) a hub id the hub knows; else one line saying how to get it or turn it
+    off. Seconds, before any model or lm-eval loads."""
+    if not cfg.verifier:
+        return
+    spec = str(cfg.verifier.get("model", VERIFIER_DEFAULTS["model"]))
+    fix = (f"download it (huggingface-cli download {spec}), point eval.verifier.model at a local directory with "
+           "its weights, or turn the verifier off (eval.verifier: null)")
+    try:
+        check_spec(spec)
+    except (ValueError, OSError) as err:
+        raise EvalInputError(f"eval.verifier.model: {str(err).removeprefix('model: ')}; {fix}") from None
+    path = Path(spec)
+    if spec.startswith("bundled:"):
+        return
+    if path.is_dir():
+        if not any((path / w).is_file() for w in manifest.WEIGHTS):
+            raise EvalInputError(f"eval.verifier.model: {path} has no weights file (one of "
+                                 f"{', '.join(manifest.WEIGHTS)}); {fix}")
+        return
+    if _in_hf_cache(spec):
+        return
+    if _offline():
+        raise EvalInputError(f"eval.verifier.model: {spec} is not in the local Hugging Face cache and the hub is "
+                             f"off (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE): {fix}")
+    try:
+        from huggingface_hub import HfApi
+
+        HfApi().model_info(spec, timeout=10)
+    except Exception as err:  # noqa: BLE001 - any failure to reach or find it means it cannot be loaded
+        raise EvalInputError(f"eval.verifier.model: {spec} is not in the local Hugging Face cache and the hub "
+                             f"cannot provide it ({type(err).__name__}): {fix}") from None
+
+
 def check_model(spec: str) -> dict[str, str]:
     """``--model`` names a model (stapo.models.check_spec), and a saved checkpoint or final/ directory is what was
     saved: its manifest's sizes and SHA-256 (stapo.manifest). Returns the digests it computed (the cache key reuses
@@ -193,11 +247,13 @@ def preflight(cfg: EvalConfig, out: Path) -> GenerationCache:
 
     Raises EvalInputError (one line naming the file): missing data dir or benchmark file, a row without
     ``answer`` (or id/problem), an empty file, invalid JSON, an unwritable ``--out``, a cache file that is not a
-    sqlite database. (The recipe itself, ``eval.verifier`` included, was checked by ``resolve_config``; the model
+    sqlite database, an ``eval.verifier.model`` that cannot be loaded (not local, not cached, no hub). (The recipe
+    itself, ``eval.verifier`` included, was checked by ``resolve_config``; the model
     is checked by :func:`check_model`.)
     """
     _check_benchmark_data(cfg)
     _check_writable(out)
+    _check_verifier(cfg)
     from stapo.generation import GenerationCache, cache_path  # lm-eval: imported once the inputs are checked
 
     cache = cache_path(out)
@@ -240,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
     _check_spec(args.model)
     _check_benchmark_data(cfg)
     _check_writable(out)
+    _check_verifier(cfg)  # before lm-eval is imported (_evaluate): seconds, not minutes
     with output_lock(out):  # one writer per evaluation output (and its cache)
         return _evaluate(args, cfg, out)
 

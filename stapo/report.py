@@ -8,12 +8,16 @@ Outputs (under ``--out``, each written atomically):
     table.md     per model: rows = methods (+ the untrained base), columns = benchmarks + Avg, each cell the
                  accuracy (%) at the study's first sampling setting, the others in parentheses (the paper's:
                  "T1.0 (T0.7)" = (T 1.0, top-p 1.0) and (T 0.7, top-p 0.9)); for the paper's models the
-                 paper's v2 numbers and our Δ follow each method's row. Accuracy is the rule grade
-                 corrected by the LLM verifier where the evaluation ran one (the paper's protocol), else the
-                 strict rule grade; with a verifier, a "(rule only)" row follows each method
+                 paper's v2 numbers and our Δ follow each method's row. Where the evaluation ran the LLM verifier
+                 (the paper's protocol) a cell shows "verifier-corrected / rule-only" side by side; else the strict
+                 rule grade alone. Footnotes name the protocol the table was made with: each evaluation's
+                 ``eval.protocol`` and verifier (FILE.summary.json) and each run's recorded training protocol
+                 (runs/<model>/<method>/config.yaml: method.loss_agg_mode, method.quantile_scope, train.prompt,
+                 trl.normaliser), per method where they differ
     table.tex    the same as LaTeX (booktabs)
     scores.csv   every evaluated cell (all checkpoints) with its 95 % CI, plus per-row averages; per cell also the
-                 rule-only, verifier-corrected and lenient-fallback accuracies, truncation and no-box rates
+                 rule-only, verifier-corrected and lenient-fallback accuracies, truncation and no-box rates, the
+                 eval.protocol and the verifier (empty: none); the average rows also average rule-only and corrected
     figures/<model>_<kind>.{png,pdf}   for each of ``FIGURE_KINDS`` (what each plots: ``stapo.figures``)
     figures/<model>_<kind>.{png,pdf}, figures/spurious_ratio.{png,pdf}   the comparison figures
                  (``stapo.comparison_figures``: Pareto, τ_p / q sweeps, masking ablation, FullMask, spurious ratio)
@@ -35,6 +39,8 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from stapo import study as stapo_study
 from stapo.atomic import atomic_write, check_creatable_dir
@@ -68,6 +74,8 @@ class Score:
     fallback_accuracy: float | None = None  # the lenient fallback diagnostic
     truncation_rate: float | None = None  # % of samples that hit max_new_tokens
     no_box_rate: float | None = None  # % of samples without a final \boxed{}
+    protocol: str | None = None  # eval.protocol of the evaluation (None: a summary from before it was recorded)
+    verifier_model: str | None = None  # the LLM verifier that corrected it (None: rule grading only)
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -88,9 +96,11 @@ def load_scores(scores_dir: str | Path) -> list[Score]:
             lo, hi = (float(v) for v in ci)
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a score summary (need avg_at_n and ci95): {e}") from e
+        verifier = (s.get("verifier") or {}).get("model") if corrected is not None else None
         scores.append(Score(model, method, ckpt, benchmark, setting, acc, lo, hi, s.get("n_samples"),
                             s.get("problems"), rule, None if corrected is None else acc,
-                            s.get("avg_at_n_fallback"), s.get("truncation_rate"), s.get("no_box_rate")))
+                            s.get("avg_at_n_fallback"), s.get("truncation_rate"), s.get("no_box_rate"),
+                            (s.get("generation") or {}).get("protocol"), verifier))
     return scores
 
 
@@ -134,6 +144,29 @@ def load_paper(path: str | Path = PAPER_CSV) -> dict[tuple[str, str, str, str], 
 
 
 # ---------------------------------------------------------------------------------------------- table
+
+
+# The training protocol a table's runs were made with (runs/<model>/<method>/config.yaml, stapo.rundir), as
+# (footnote label, section, key). trl.normaliser is optional: configs written before it existed lack it.
+RUN_PROTOCOL_KEYS = (("loss_agg_mode", "method", "loss_agg_mode"), ("quantile_scope", "method", "quantile_scope"),
+                     ("train.prompt", "train", "prompt"), ("trl.normaliser", "trl", "normaliser"))
+
+
+def load_run_protocols(runs_dir: str | Path) -> dict[tuple[str, str], dict[str, str] | None]:
+    """``(model, method) -> {label: value}`` of ``RUN_PROTOCOL_KEYS`` from each run's recorded config.yaml (a key
+    the config lacks reads "not recorded"); None for a run directory without a readable config.yaml."""
+    out = {}
+    for path in sorted(Path(runs_dir).glob("*/*/config.yaml")):
+        model, method = path.relative_to(runs_dir).parts[:2]
+        try:
+            config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError):
+            out[(model, method)] = None
+            continue
+        out[(model, method)] = {
+            label: ("not recorded" if key not in (config.get(section) or {}) else str(config[section][key]))
+            for label, section, key in RUN_PROTOCOL_KEYS}
+    return out
 
 
 def _ordered(keys, preferred):
@@ -196,10 +229,25 @@ def _fmt(v, signed=False) -> str:
     return f"{v:+.2f}" if signed else f"{v:.2f}"
 
 
-def _cell(vals, bench, settings, signed=False) -> str:
-    """"first (second, ...)": the value at the first setting, the others in parentheses."""
-    first, *others = [_fmt(vals[(bench, s)], signed) for s in settings]
+def _cell(vals, bench, settings, signed=False, rule=None) -> str:
+    """"first (second, ...)": the value at the first setting, the others in parentheses. With ``rule`` (the
+    rule-only values of a verifier-corrected row), each value is "corrected / rule-only" where the two differ in
+    kind (a cell the verifier did not correct shows its one value)."""
+    def one(s):
+        value = _fmt(vals[(bench, s)], signed)
+        if rule is None or rule.get((bench, s), "uncorrected") == "uncorrected":
+            return value
+        return f"{value} / {_fmt(rule[(bench, s)])}"
+
+    first, *others = [one(s) for s in settings]
     return f"{first} ({', '.join(others)})" if others else first
+
+
+def _rule_values(entry, method) -> dict[tuple[str, str], float | str | None]:
+    """The rule-only values of the verifier-corrected cells (and of Avg where all its cells are corrected);
+    "uncorrected" marks the others."""
+    rule, corrected = _row_values(entry, method, "rule_accuracy"), _row_values(entry, method, "corrected_accuracy")
+    return {k: rule[k] if corrected[k] is not None else "uncorrected" for k in rule}
 
 
 def table_rows(entry: dict, model: str, paper: dict, study: stapo_study.Study) -> list[tuple[str, list[str]]]:
@@ -208,10 +256,8 @@ def table_rows(entry: dict, model: str, paper: dict, study: stapo_study.Study) -
     for method in entry["methods"]:
         ours = _row_values(entry, method)
         name = study.label("methods", method)
-        rows.append((name, [_cell(ours, b, settings) for b in columns]))
-        if _verified(entry):
-            rule = _row_values(entry, method, "rule_accuracy")
-            rows.append((f"{name} (rule only)", [_cell(rule, b, settings) for b in columns]))
+        rule = _rule_values(entry, method) if _verified(entry) else None
+        rows.append((name, [_cell(ours, b, settings, rule=rule) for b in columns]))
         theirs = _paper_values(paper, model, method, entry)
         if theirs is None:
             continue
@@ -239,17 +285,66 @@ def _settings_note(settings: list[str], study: stapo_study.Study) -> str:
     return f"at {first}" + (f" ({', '.join(others)})" if others else "")
 
 
-def _footnotes(entry: dict, model: str, study: stapo_study.Study) -> list[str]:
+NO_VERIFIER = "none — rule-only grading"
+
+
+def _eval_protocol_note(entry: dict, study: stapo_study.Study) -> str:
+    """Which eval.protocol and verifier made the table's cells (each cell's FILE.summary.json); per method when
+    the cells disagree."""
+    def kinds(cells):
+        return sorted({(s.protocol or "not recorded", s.verifier_model or NO_VERIFIER) for s in cells})
+
+    def described(cells):
+        return " + ".join(f"eval.protocol {p}, verifier: {v}" for p, v in kinds(cells))
+
+    cells = list(entry["cells"].values())
+    if len(kinds(cells)) <= 1:
+        return f"Evaluation protocol: {described(cells)}."
+    by_method = {m: [s for (mm, _, _), s in entry["cells"].items() if mm == m] for m in entry["methods"]}
+    return ("MIXED evaluation protocols — per method: "
+            + "; ".join(f"{study.label('methods', m)}: {described(c)}" for m, c in by_method.items() if c) + ".")
+
+
+def _train_protocol_note(entry: dict, model: str, runs: dict, study: stapo_study.Study) -> str | None:
+    """The training protocol recorded by each trained method's run (runs/<model>/<method>/config.yaml); a key on
+    which the runs disagree is named per method and called mixed."""
+    trained = [m for m in entry["methods"] if m != "base"]
+    if not trained:
+        return None
+    recorded = {m: runs.get((model, m)) for m in trained}
+    missing = [study.label("methods", m) for m, r in recorded.items() if r is None]
+    have = {m: r for m, r in recorded.items() if r is not None}
+    parts = []
+    for label, _, _ in RUN_PROTOCOL_KEYS:
+        values = {m: r[label] for m, r in have.items()}
+        if len(set(values.values())) == 1:
+            parts.append(f"{label} {next(iter(values.values()))}")
+        elif values:
+            parts.append(f"{label} MIXED (" + ", ".join(f"{study.label('methods', m)} {v}"
+                                                        for m, v in values.items()) + ")")
+    note = "Training protocol (runs/<model>/<method>/config.yaml): " + ("; ".join(parts) if parts else "")
+    if missing:
+        note += ("; " if parts else "") + f"no recorded config for {', '.join(missing)}"
+    return note + "."
+
+
+def _footnotes(entry: dict, model: str, study: stapo_study.Study, runs: dict | None = None) -> list[str]:
     benches = entry["benchmarks"]
     notes = [f"Cells: accuracy (%), avg@n over samples, {_settings_note(entry['settings'], study)}; 95 % CIs in "
              "scores.csv. Trained methods: final checkpoint; Base: the untrained model."]
     if _verified(entry):
-        notes.append("Accuracy: strict rule grade (final \\boxed{} answer, math-verify) corrected by the LLM "
-                     "verifier (the paper's protocol); \"(rule only)\" rows: before correction.")
+        notes.append("Cells: verifier-corrected / rule-only accuracy. Verifier-corrected: the strict rule grade "
+                     "(final \\boxed{} answer, math-verify) corrected by the LLM verifier (the paper's protocol; "
+                     "the table's headline, compared with the paper); rule-only: before correction. A cell with "
+                     "one number was not verifier-corrected.")
     else:
         notes.append("Accuracy: strict rule grade (final \\boxed{} answer, math-verify), no LLM-verifier "
                      "correction (the paper's numbers are verifier-corrected); truncation and no-box rates in "
                      "scores.csv.")
+    notes.append(_eval_protocol_note(entry, study))
+    train_note = _train_protocol_note(entry, model, runs or {}, study)
+    if train_note:
+        notes.append(train_note)
     missing = [BENCHMARKS[b].label for b in PAPER_BENCHMARKS if b not in benches]
     if missing or len(benches) != len(PAPER_BENCHMARKS):
         present = ", ".join(study.label("benchmarks", b) for b in benches)
@@ -265,16 +360,18 @@ def _footnotes(entry: dict, model: str, study: stapo_study.Study) -> list[str]:
     return notes
 
 
-def render_markdown(layout: dict, paper: dict, study: stapo_study.Study) -> str:
+def render_markdown(layout: dict, paper: dict, study: stapo_study.Study, runs: dict | None = None) -> str:
     lines = [f"# STAPO reproduction — study `{study.name}`", ""]
     for model, entry in layout.items():
         benches = entry["benchmarks"]
         lines += [f"## {study.label('models', model)}", ""]
+        if _verified(entry):
+            lines += ["Each cell: **verifier-corrected / rule-only** accuracy (%).", ""]
         lines.append("| Method | " + " | ".join(study.label("benchmarks", b) for b in benches) + " | Avg |")
         lines.append("|---|" + "---|" * (len(benches) + 1))
         lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in table_rows(entry, model, paper, study)]
         lines.append("")
-        lines += [f"{i}. {note}" for i, note in enumerate(_footnotes(entry, model, study), 1)]
+        lines += [f"{i}. {note}" for i, note in enumerate(_footnotes(entry, model, study, runs), 1)]
         lines.append("")
     if not layout:
         lines += ["No score summaries found.", ""]
@@ -293,8 +390,9 @@ def render_latex(layout: dict, paper: dict, study: stapo_study.Study) -> str:
     out = [f"% STAPO reproduction, study {study.name}: accuracy (%) at the first setting (the others)"]
     for model, entry in layout.items():
         benches = entry["benchmarks"]
-        caption = _tex_escape(f"{study.label('models', model)}: accuracy (%), "
-                              f"{_settings_note(entry['settings'], study)}.")
+        kind = "verifier-corrected / rule-only accuracy" if _verified(entry) else "accuracy"
+        caption = _tex_escape(f"{study.label('models', model)}: {kind} (%), "
+                              f"{_settings_note(entry['settings'], study)}. {_eval_protocol_note(entry, study)}")
         out += [r"\begin{table}[t]", r"\centering", r"\small", rf"\caption{{{caption}}}",
                 r"\begin{tabular}{l" + "c" * (len(benches) + 1) + "}", r"\toprule",
                 " & ".join(["Method"] + [_tex_escape(study.label("benchmarks", b)) for b in benches] + ["Avg"])
@@ -311,7 +409,7 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["model", "method", "ckpt", "benchmark", "setting", "accuracy", "ci95_lo", "ci95_hi",
                 "n_samples", "problems", "paper_v2", "delta", "rule_accuracy", "corrected_accuracy",
-                "fallback_accuracy", "truncation_rate", "no_box_rate"])
+                "fallback_accuracy", "truncation_rate", "no_box_rate", "protocol", "verifier"])
     opt = lambda v: "" if v is None else f"{v:.4f}"  # noqa: E731
 
     for s in scores:
@@ -319,7 +417,8 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
         w.writerow([s.model, s.method, s.ckpt, s.benchmark, s.setting, f"{s.accuracy:.4f}", f"{s.ci_lo:.4f}",
                     f"{s.ci_hi:.4f}", s.n_samples, s.problems, _fmt(p).replace("–", ""),
                     "" if p is None else f"{s.accuracy - p:.4f}", opt(s.rule_accuracy), opt(s.corrected_accuracy),
-                    opt(s.fallback_accuracy), opt(s.truncation_rate), opt(s.no_box_rate)])
+                    opt(s.fallback_accuracy), opt(s.truncation_rate), opt(s.no_box_rate), s.protocol or "",
+                    s.verifier_model or ""])
     for model, entry in layout.items():
         full = set(PAPER_BENCHMARKS) <= set(entry["benchmarks"])
         for method in entry["methods"]:
@@ -328,9 +427,11 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
                 if avg is None:
                     continue
                 p = paper.get((model, method, "avg", setting)) if full else None
+                rule = _row_values(entry, method, "rule_accuracy")[("avg", setting)]
+                corrected = _row_values(entry, method, "corrected_accuracy")[("avg", setting)]
                 w.writerow([model, method, "base" if method == "base" else "final", "avg", setting,
                             *(f"{v:.4f}" for v in avg), "", "", _fmt(p).replace("–", ""),
-                            "" if p is None else f"{avg[0] - p:.4f}"])
+                            "" if p is None else f"{avg[0] - p:.4f}", opt(rule), opt(corrected)])
     return buf.getvalue()
 
 
@@ -408,7 +509,7 @@ def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None 
     out_dir = Path(out_dir)
     scores, metrics, paper = load_scores(scores_dir), load_metrics(runs_dir), load_paper(paper_csv)
     layout = _layout(scores, study)
-    atomic_write(out_dir / "table.md", render_markdown(layout, paper, study))
+    atomic_write(out_dir / "table.md", render_markdown(layout, paper, study, load_run_protocols(runs_dir)))
     atomic_write(out_dir / "table.tex", render_latex(layout, paper, study))
     atomic_write(out_dir / "scores.csv", render_csv(scores, layout, paper))
     models = study.workflow.models or _ordered(set(layout) | {m for m, _ in metrics} | set(study.models),

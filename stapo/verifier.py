@@ -12,6 +12,14 @@ A = CORRECT, B = INCORRECT, C = INVALID (truncated, repetitive, refusal), and th
 incorrect. A sample is correct after correction iff the rule grader or the verifier (A) says so: the verifier only
 adds answers the rules missed (equivalent forms, units, text answers), as in the paper's "rule-based grading
 corrected by CompassVerifier".
+
+``eval.protocol`` (stapo.study.evaluation) picks the verifier's inputs and verdict parsing:
+``justrl`` (the paper's, as JustRL's ``evals/grade.py``, thunlp/JustRL @ cf444e9): the question is EMPTY (grade.py
+fills ``{question}`` from a ``question`` field its generation jsonl never has, so ``""``), and a sample counts only
+when the stripped reply is exactly ``A`` (``model_score = "A" == judgement``; anything else, ``A: CORRECT``
+included, is incorrect); ``harness``: the problem is given and :func:`parse_verdict` reads the reply leniently.
+Both use the same CV_PROMPT (JustRL's copy is byte-identical) and the verifier's chat template with the generation
+prompt, greedy.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from stapo.study.evaluation import VERIFIER_DEFAULTS, VERIFIER_KEYS, check_verif
 from stapo.tasks.registry import _tokenizer
 
 __all__ = ["CV_PROMPT", "VERIFIER_DEFAULTS", "VERIFIER_KEYS", "check_verifier_config", "parse_verdict",
-           "verifier_prompt", "apply_verifier"]
+           "verdict_for", "verifier_question", "verifier_prompt", "apply_verifier"]
 
 log = logging.getLogger("stapo.verifier")
 
@@ -96,6 +104,20 @@ def parse_verdict(reply: str) -> str | None:
     return letters[-1] if letters else None
 
 
+def verdict_for(reply: str, protocol: str) -> str | None:
+    """The verdict of a reply under ``eval.protocol``: ``justrl`` = "A" iff the stripped reply is exactly "A",
+    else the stripped reply's letter if it is exactly "B"/"C", else None; ``harness`` = :func:`parse_verdict`."""
+    if protocol == "justrl":
+        text = (reply or "").strip()
+        return text if text in VERDICTS else None
+    return parse_verdict(reply)
+
+
+def verifier_question(problem: str, protocol: str) -> str:
+    """What fills CV_PROMPT's ``{question}``: nothing under ``justrl`` (as JustRL's grade.py), else the problem."""
+    return "" if protocol == "justrl" else problem
+
+
 def verifier_prompt(question: str, gold: str, response: str, tokenizer=None) -> str:
     """CompassVerifier's prompt for one sample, as the user turn of the verifier's chat template."""
     content = CV_PROMPT.format(question=question, gold_answer=gold, llm_response=response)
@@ -153,8 +175,10 @@ def apply_verifier(records: list[dict], problems: list[dict], cfg, store) -> dic
         model_path = resolve_model(vcfg["model"])
         tokenizer = _tokenizer(model_path)
         question = {p["problem_id"]: p["problem"] for p in problems}
-        prompts = [verifier_prompt(question[r["problem_id"]], r["gold"], r["completion"], tokenizer) for r in todo]
-        verdicts = [parse_verdict(reply) for reply in _judge(prompts, model_path, cfg, vcfg, store, tokenizer)]
+        prompts = [verifier_prompt(verifier_question(question[r["problem_id"]], cfg.protocol), r["gold"],
+                                   r["completion"], tokenizer) for r in todo]
+        replies = _judge(prompts, model_path, cfg, vcfg, store, tokenizer)
+        verdicts = [verdict_for(reply, cfg.protocol) for reply in replies]
     judged = {id(r): v for r, v in zip(todo, verdicts, strict=True)}
     for r in records:
         verdict = judged.get(id(r))
@@ -162,5 +186,5 @@ def apply_verifier(records: list[dict], problems: list[dict], cfg, store) -> dic
         r["correct_verified"] = bool(r["correct"] or verdict == "A")
     counts = Counter(v or "unparsed" for v in verdicts)
     log.info("verifier %s: %d judged, verdicts %s", vcfg["model"], len(todo), dict(counts))
-    return {"model": vcfg["model"], "judged": len(todo), "flipped": counts.get("A", 0),
+    return {"model": vcfg["model"], "protocol": cfg.protocol, "judged": len(todo), "flipped": counts.get("A", 0),
             "verdicts": {k: counts.get(k, 0) for k in (*VERDICTS, "unparsed")}}

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from stapo.data import DAPO_PREFIX, DAPO_SUFFIX, PROMPT_SUFFIX, DatasetError, build_prompt, dapo_math_rows, \
-    load_problems, read_rows, strip_dapo_wrapper, synthetic_arith_rows, validate_source
+    load_problems, prompt_text, read_rows, strip_dapo_wrapper, synthetic_arith_rows, training_dataset, validate_source
 
 
 def _evaluate(problem: str) -> int:
@@ -111,3 +111,106 @@ def test_load_synthetic_source():
     rows = load_problems({"name": "synthetic-arith", "n": 4, "difficulty": 2, "seed": 1})
     assert [r["answer"] for r in rows] == [r["answer"] for r in synthetic_arith_rows(4, seed=1, difficulty=2)]
     assert set(rows[0]) == {"problem", "answer"}
+
+
+# JustRL's evaluation prompt (thunlp/JustRL @ cf444e9, evals/gen_vllm.py): PROMPT_TEMPLATE = "{problem} Please reason
+# step by step, and put your final answer within \boxed{}." over df.at[i, "prompt"][0]["content"].strip(), sent by
+# llm.chat([{"role": "user", "content": ...}]) = the model's chat template with the generation prompt. The strings
+# below are written out by hand from the first rows of its data/{AIME24,AMC23,MATH-500}/test.parquet (our bundled
+# files' first rows; the problem texts are identical), in the Qwen3 chat template of the bundled tokenizer
+# (Qwen3-Base's template: no system turn, no <think> block when enable_thinking is not given).
+JUSTRL_EVAL_PROMPTS = {
+    "aime24": (
+        "<|im_start|>user\nEvery morning Aya goes for a $9$-kilometer-long walk and stops at a coffee shop afterwards. "
+        "When she walks at a constant speed of $s$ kilometers per hour, the walk takes her 4 hours, including $t$ "
+        "minutes spent in the coffee shop. When she walks $s+2$ kilometers per hour, the walk takes her 2 hours and "
+        "24 minutes, including $t$ minutes spent in the coffee shop. Suppose Aya walks at $s+\\frac{1}{2}$ "
+        "kilometers per hour. Find the number of minutes the walk takes her, including the $t$ minutes spent in the "
+        "coffee shop. Please reason step by step, and put your final answer within \\boxed{}.<|im_end|>\n"
+        "<|im_start|>assistant\n"),
+    "amc23": (
+        "<|im_start|>user\nCities $A$ and $B$ are $45$ miles apart. Alicia lives in $A$ and Beth lives in $B$. "
+        "Alicia bikes towards $B$ at 18 miles per hour. Leaving at the same time, Beth bikes toward $A$ at 12 miles "
+        "per hour. How many miles from City $A$ will they be when they meet? Please reason step by step, and put "
+        "your final answer within \\boxed{}.<|im_end|>\n<|im_start|>assistant\n"),
+    "math500": (
+        "<|im_start|>user\nConvert the point $(0,3)$ in rectangular coordinates to polar coordinates.  Enter your "
+        "answer in the form $(r,\\theta),$ where $r > 0$ and $0 \\le \\theta < 2 \\pi.$ Please reason step by step, "
+        "and put your final answer within \\boxed{}.<|im_end|>\n<|im_start|>assistant\n"),
+}
+
+
+@pytest.fixture(scope="module")
+def qwen3_tokenizer():
+    from transformers import AutoTokenizer
+
+    from stapo.models import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model("bundled:tiny-qwen3"))
+
+
+@pytest.mark.parametrize("benchmark", sorted(JUSTRL_EVAL_PROMPTS))
+def test_justrl_eval_prompt_matches_justrls_byte_for_byte(benchmark, qwen3_tokenizer):
+    from stapo.tasks import load_rows
+    from stapo.tasks.registry import custom_dataset
+
+    row = load_rows(benchmark)[0]
+    assert build_prompt(row["problem"], qwen3_tokenizer, "justrl") == JUSTRL_EVAL_PROMPTS[benchmark]
+    # the harness protocol differs only in the join: a blank line instead of one space
+    harness = build_prompt(row["problem"], qwen3_tokenizer, "harness")
+    assert harness == JUSTRL_EVAL_PROMPTS[benchmark].replace(" Please reason", "\n\nPlease reason", 1)
+    # what lm-eval's task renders (stapo eval passes eval.protocol in the task metadata); justrl by default
+    tok = qwen3_tokenizer.name_or_path
+    for kwargs, expected in (({}, JUSTRL_EVAL_PROMPTS[benchmark]), ({"protocol": "harness"}, harness)):
+        rendered = custom_dataset(benchmark, tokenizer=tok, **kwargs)["test"][0]["prompt"]
+        assert rendered == expected
+
+
+def test_prompt_text_per_style_and_unknown_style():
+    assert prompt_text(" 1+1? \n", "justrl") == "1+1? " + PROMPT_SUFFIX
+    assert prompt_text(" 1+1? \n", "harness") == prompt_text(" 1+1? \n", "stripped") == "1+1?\n\n" + PROMPT_SUFFIX
+    assert prompt_text(" 1+1? \n", "justrl_raw") == " 1+1? \n\n\n" + PROMPT_SUFFIX  # as given, not stripped
+    with pytest.raises(ValueError, match="prompt style: 'verl'"):
+        prompt_text("x", "verl")
+
+
+# A DAPO-Math-17k row as BytedTsinghua-SIA/DAPO-Math-17k ships it (the instruction wrapper around the problem).
+DAPO_RECORD = {"prompt": [{"role": "user", "content": DAPO_PREFIX + "Find $x$ if $x+1=3$." + DAPO_SUFFIX}],
+               "reward_model": {"ground_truth": "2", "style": "rule"}}
+# JustRL's training prompt for it (thunlp/JustRL train/verl/utils/dataset/rl_dataset.py, use_boxed_suffix_prompt:
+# doc["prompt"][0]["content"] + "\n\nPlease reason step by step, ..."), written out by hand:
+JUSTRL_RAW_TRAIN_TEXT = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+    "Find $x$ if $x+1=3$.\n\n"
+    "Remember to put your answer on its own line after \"Answer:\".\n\n"
+    "Please reason step by step, and put your final answer within \\boxed{}.")
+
+
+def test_train_prompt_stripped_and_justrl_raw(qwen3_tokenizer):
+    stripped = dapo_math_rows([DAPO_RECORD])[0]["problem"]
+    raw = dapo_math_rows([DAPO_RECORD], raw=True)[0]["problem"]
+    assert build_prompt(stripped, None, "stripped") == "Find $x$ if $x+1=3$.\n\n" + PROMPT_SUFFIX
+    assert build_prompt(raw, None, "justrl_raw") == JUSTRL_RAW_TRAIN_TEXT
+    assert build_prompt(raw, qwen3_tokenizer, "justrl_raw") == (
+        "<|im_start|>user\n" + JUSTRL_RAW_TRAIN_TEXT + "<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_training_dataset_prompt_option(tmp_path, qwen3_tokenizer):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"problem": " What is $1+1$? ", "answer": "2"}) + "\n")
+    for prompt, text in (("stripped", "What is $1+1$?\n\n"), ("justrl_raw", " What is $1+1$? \n\n")):
+        ds = training_dataset({"path": str(path)}, qwen3_tokenizer, 1024, prompt=prompt)
+        assert ds[0]["prompt"] == f"<|im_start|>user\n{text}{PROMPT_SUFFIX}<|im_end|>\n<|im_start|>assistant\n"
+    with pytest.raises(ValueError, match="train.prompt: 'raw'"):
+        training_dataset({"path": str(path)}, qwen3_tokenizer, 1024, prompt="raw")
+
+
+def test_train_prompt_key_is_validated_and_defaults_to_stripped():
+    from stapo.study.train import train_settings
+
+    assert train_settings({}).prompt == "stripped"
+    assert train_settings({"prompt": "justrl_raw"}).prompt == "justrl_raw"
+    with pytest.raises(ValueError, match=r"train.prompt: unknown prompt 'raw'; expected one of \['stripped', "
+                                         r"'justrl_raw'\]"):
+        train_settings({"prompt": "raw"})

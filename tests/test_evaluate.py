@@ -19,11 +19,13 @@ from stapo import evaluate, generation
 from stapo.evaluate import resolve_config
 from stapo.scoring import avg_at_n, bootstrap_ci, maj_at_n, pass_at_k, summarize
 from stapo.study import StudyError
+from stapo.study.evaluation import EvalSection
 
 from stapo.tasks.registry import BUNDLED_DATA_DIR as DATA_DIR  # shipped with the project: nothing skips
 
 LOCAL = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
 TINY = "bundled:tiny-qwen3"
+REPO = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------------------------------------- statistics
 
@@ -79,6 +81,24 @@ def test_summary_keys_and_values():
     assert s["avg_at_n_corrected"] is None and s["verifier"] is None
     g = s["generation"]
     assert (g["temperature"], g["top_p"], g["max_new_tokens"], g["n"], g["backend"]) == (0.7, 0.9, 20480, 4, "hf")
+    assert g["protocol"] == "justrl"  # eval.protocol: the paper's default, recorded with the generation settings
+
+
+def test_protocol_comes_from_the_recipe_and_keys_the_generation_cache(tmp_path):
+    from stapo.generation import generation_identity
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("eval: {backend: hf, protocol: harness}\n")
+    harness = resolve_config(_args(recipe=str(recipe)))
+    justrl = resolve_config(_args())
+    assert (harness.protocol, justrl.protocol) == ("harness", "justrl")
+    ids = [generation_identity(c, str(tmp_path)) for c in (harness, justrl)]
+    assert ids[0]["protocol"] == "harness" and ids[0] != ids[1]  # a different prompt never reuses completions
+    with pytest.raises(ValueError, match=r"eval.protocol: 'verl'; expected one of \['justrl', 'harness'\]"):
+        EvalSection.from_dict({"protocol": "verl"})  # the dataclass checks it too (not only the schema)
+    recipe.write_text("eval: {backend: hf, protocol: verl}\n")
+    with pytest.raises(StudyError, match=r"eval.protocol: 'verl' is not one of \['justrl', 'harness'\]"):
+        resolve_config(_args(recipe=str(recipe)))
 
 
 # -------------------------------------------------------------------------------------------------- config
@@ -222,7 +242,8 @@ def test_task_group_loads_with_include_path_and_uses_the_training_prompt():
     task = loaded["tasks"]["stapo_aime25"]
     assert task.config.repeats == 32 and task.config.generation_kwargs["do_sample"] is True
     doc = task.test_docs()[0]
-    assert task.doc_to_text(doc) == build_prompt(doc["problem"], AutoTokenizer.from_pretrained(tok_path))
+    # the paper's eval.protocol (justrl) by default: JustRL's prompt (tests/test_data.py checks it byte for byte)
+    assert task.doc_to_text(doc) == build_prompt(doc["problem"], AutoTokenizer.from_pretrained(tok_path), "justrl")
     assert len(task.test_docs()) == 30
 
 
@@ -351,7 +372,7 @@ def test_rerun_does_not_regenerate(tmp_path, monkeypatch):
     assert first.requests == 8
     tok = AutoTokenizer.from_pretrained(resolve_model(TINY))
     problems = {r["problem"] for r in load_rows("math500")[:4]}
-    assert {p for p in first.prompts} <= {build_prompt(p, tok) for p in problems}  # the training prompt
+    assert {p for p in first.prompts} <= {build_prompt(p, tok, "justrl") for p in problems}  # eval.protocol
     before = _records(out)
 
     out.unlink()
@@ -427,6 +448,39 @@ def test_bad_verifier_section_fails_before_any_model_loads(tmp_path, no_model):
     args = _args(benchmark="aime24", recipe=str(recipe), out=str(tmp_path / "o.jsonl"))
     with pytest.raises(StudyError, match=r"r.yaml: eval.verifier: unknown key\(s\) \['temperature'\]"):
         evaluate.run(args)
+
+
+def test_paper_recipe_verifier_not_available_offline_fails_at_preflight(tmp_path, no_model, monkeypatch):
+    """configs/paper.yaml turns CompassVerifier-3B on: offline and not in the HF cache, stapo eval stops at once with
+    one line saying how to get it or turn it off (parsing paper.yaml itself needs no weights)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    monkeypatch.setattr(evaluate, "_in_hf_cache", lambda repo: False)
+    args = _args(benchmark="aime24", recipe=str(REPO / "configs" / "paper.yaml"), out=str(tmp_path / "o.jsonl"))
+    assert resolve_config(args).verifier == {"model": "opencompass/CompassVerifier-3B"}
+    with pytest.raises(evaluate.EvalInputError) as err:
+        evaluate.run(args)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("eval.verifier.model: opencompass/CompassVerifier-3B is not in the local")
+    assert "huggingface-cli download opencompass/CompassVerifier-3B" in msg and "eval.verifier: null" in msg
+    assert "HF_HUB_OFFLINE" in msg
+
+
+def test_verifier_local_dir_without_weights_and_cached_hub_id(tmp_path, no_model, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    empty = tmp_path / "cv"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    for model, ok in ((str(empty), False), ("owner/cached", True), ("bundled:tiny-qwen3", True)):
+        monkeypatch.setattr(evaluate, "_in_hf_cache", lambda repo: repo == "owner/cached")
+        cfg = resolve_config(_args())
+        cfg.verifier = {"model": model}
+        if ok:
+            evaluate._check_verifier(cfg)
+            continue
+        with pytest.raises(evaluate.EvalInputError, match=r"eval.verifier.model: .*cv has no weights file .*"
+                           r"eval.verifier: null"):
+            evaluate._check_verifier(cfg)
 
 
 # --------------------------------------------------------------------------------- cache keys and seeding

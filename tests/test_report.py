@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stapo import report
 from stapo.atomic import atomic_write_json
@@ -279,33 +280,107 @@ def test_figures_count_rollout_steps():
     assert (entropy.steps, entropy.values) == ((1, 2), (2.5, 6.5))
 
 
-def test_verifier_corrected_accuracy_headlines_the_table_and_the_rule_grade_follows(tmp_path):
+def _verified_summary(path: Path, rule: float, corrected: float | None, protocol: str | None = "justrl",
+                      verifier: str = "opencompass/CompassVerifier-3B") -> None:
+    summary = {"avg_at_n": rule, "ci95": [rule - 1, rule + 1], "avg_at_n_fallback": rule + 5,
+               "truncation_rate": 7.5, "no_box_rate": 40.0, "n_samples": 4, "problems": 30,
+               "generation": {} if protocol is None else {"protocol": protocol}}
+    if corrected is not None:
+        summary.update(avg_at_n_corrected=corrected, ci95_corrected=[corrected - 3, corrected + 3],
+                       verifier={"model": verifier, "judged": 10})
+    atomic_write_json(path, summary)
+
+
+def test_verifier_corrected_and_rule_only_side_by_side_in_each_cell(tmp_path):
     scores, runs = tmp_path / "scores", tmp_path / "runs"
     for method, (rule, corrected) in {"base": (10.0, 12.5), "stapo": (20.0, 26.0)}.items():
         ckpt = "base" if method == "base" else "final"
         for setting in SETTINGS:
-            atomic_write_json(scores / "m" / method / ckpt / "aime24" / f"{setting}.summary.json", {
-                "avg_at_n": rule, "ci95": [rule - 1, rule + 1], "avg_at_n_corrected": corrected,
-                "ci95_corrected": [corrected - 3, corrected + 3], "avg_at_n_fallback": rule + 5,
-                "truncation_rate": 7.5, "no_box_rate": 40.0, "n_samples": 4, "problems": 30})
+            _verified_summary(scores / "m" / method / ckpt / "aime24" / f"{setting}.summary.json", rule, corrected)
     report.write_report(scores, runs, tmp_path / "results", study_of("v"))
     table = (tmp_path / "results" / "table.md").read_text()
     rows = _rows(table)
-    assert rows["STAPO"][0] == "26.00 (26.00)" and rows["STAPO (rule only)"][0] == "20.00 (20.00)"
-    assert rows["Base (rule only)"][-1] == "10.00 (10.00)" and "corrected by the LLM verifier" in table
+    assert list(rows) == ["Base", "STAPO"]  # no separate "(rule only)" rows
+    assert rows["STAPO"] == ["26.00 / 20.00 (26.00 / 20.00)"] * 2  # AIME24 and Avg
+    assert rows["Base"][-1] == "12.50 / 10.00 (12.50 / 10.00)"
+    assert "Each cell: **verifier-corrected / rule-only** accuracy (%)." in table
+    assert "Cells: verifier-corrected / rule-only accuracy." in table
+    assert "Evaluation protocol: eval.protocol justrl, verifier: opencompass/CompassVerifier-3B." in table
+    tex = (tmp_path / "results" / "table.tex").read_text()
+    assert "verifier-corrected / rule-only accuracy (\\%)" in tex and "26.00 / 20.00 (26.00 / 20.00)" in tex
     with open(tmp_path / "results" / "scores.csv", newline="") as f:
-        cell = next(r for r in csv.DictReader(f) if r["method"] == "stapo" and r["benchmark"] == "aime24")
+        rows_csv = list(csv.DictReader(f))
+    cell = next(r for r in rows_csv if r["method"] == "stapo" and r["benchmark"] == "aime24")
     assert float(cell["accuracy"]) == 26.0 and float(cell["ci95_lo"]) == 23.0
     assert (float(cell["rule_accuracy"]), float(cell["corrected_accuracy"]), float(cell["fallback_accuracy"])) == \
         (20.0, 26.0, 25.0)
     assert (float(cell["truncation_rate"]), float(cell["no_box_rate"])) == (7.5, 40.0)
+    assert (cell["protocol"], cell["verifier"]) == ("justrl", "opencompass/CompassVerifier-3B")
+    avg = next(r for r in rows_csv if r["method"] == "stapo" and r["benchmark"] == "avg")
+    assert (float(avg["rule_accuracy"]), float(avg["corrected_accuracy"])) == (20.0, 26.0)
 
 
 def test_without_verifier_the_table_says_rule_only_and_has_no_extra_rows(tmp_path):
     scores, runs = _write_study(tmp_path, "m", ("arith",))
     report.write_report(scores, runs, tmp_path / "results", study_of("tiny"))
     table = (tmp_path / "results" / "table.md").read_text()
-    assert not any("(rule only)" in label for label in _rows(table)) and "no LLM-verifier correction" in table
+    assert not any("(rule only)" in label or "/" in "".join(cells) for label, cells in _rows(table).items())
+    assert "no LLM-verifier correction" in table
+    # summaries from before eval.protocol was recorded say so
+    assert "Evaluation protocol: eval.protocol not recorded, verifier: none — rule-only grading." in table
+
+
+def _run_config(runs: Path, model: str, method: str, loss_agg_mode="token-mean", quantile_scope="mini_batch",
+                prompt="stripped", normaliser=None) -> None:
+    config = {"model": {"key": model}, "method": {"key": method, "loss_agg_mode": loss_agg_mode,
+                                                   "quantile_scope": quantile_scope},
+              "train": {"prompt": prompt, "max_steps": 5}, "trl": {"max_steps": 20}}
+    if normaliser is not None:
+        config["trl"]["normaliser"] = normaliser
+    (runs / model / method).mkdir(parents=True, exist_ok=True)
+    (runs / model / method / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def _protocol_table(tmp_path, evals: dict, configs: dict) -> str:
+    scores, runs = tmp_path / "scores", tmp_path / "runs"
+    for method, (protocol, verifier) in evals.items():
+        ckpt = "base" if method == "base" else "final"
+        for setting in SETTINGS:
+            _verified_summary(scores / "m" / method / ckpt / "aime24" / f"{setting}.summary.json", 20.0,
+                              None if verifier is None else 25.0, protocol, verifier or "")
+    for method, kw in configs.items():
+        _run_config(runs, "m", method, **kw)
+    report.write_report(scores, runs, tmp_path / "results", study_of("p"))
+    return (tmp_path / "results" / "table.md").read_text()
+
+
+def test_footnotes_name_one_protocol_when_runs_and_evaluations_agree(tmp_path):
+    cv = "opencompass/CompassVerifier-3B"
+    table = _protocol_table(tmp_path, {"base": ("justrl", cv), "justrl": ("justrl", cv), "stapo": ("justrl", cv)},
+                            {"justrl": {"quantile_scope": None}, "stapo": {}})
+    assert f"Evaluation protocol: eval.protocol justrl, verifier: {cv}." in table
+    assert ("Training protocol (runs/<model>/<method>/config.yaml): loss_agg_mode token-mean; quantile_scope MIXED "
+            "(JustRL None, STAPO mini_batch); train.prompt stripped; trl.normaliser not recorded.") in table
+    assert "MIXED evaluation" not in table
+
+
+def test_footnotes_say_mixed_protocols_per_method(tmp_path):
+    cv = "opencompass/CompassVerifier-3B"
+    table = _protocol_table(tmp_path, {"base": ("justrl", cv), "justrl": ("harness", None), "stapo": ("justrl", cv)},
+                            {"justrl": {"prompt": "justrl_raw", "normaliser": "tokens"},
+                             "stapo": {"normaliser": "tokens"}})
+    assert ("MIXED evaluation protocols — per method: Base: eval.protocol justrl, verifier: " + cv + "; JustRL: "
+            "eval.protocol harness, verifier: none — rule-only grading; STAPO: eval.protocol justrl, verifier: "
+            + cv + ".") in table
+    assert "train.prompt MIXED (JustRL justrl_raw, STAPO stripped); trl.normaliser tokens." in table
+    rows = _rows(table)
+    assert rows["JustRL"][0] == "20.00 (20.00)" and rows["STAPO"][0] == "25.00 / 20.00 (25.00 / 20.00)"
+    assert rows["JustRL"][-1] == "20.00 (20.00)"  # Avg of uncorrected cells: one number
+
+
+def test_footnotes_name_runs_without_a_recorded_config(tmp_path):
+    table = _protocol_table(tmp_path, {"justrl": ("justrl", None), "stapo": ("justrl", None)}, {"stapo": {}})
+    assert "trl.normaliser not recorded; no recorded config for JustRL." in table
 
 
 def test_report_follows_the_study_settings_benchmarks_labels_and_curve(tmp_path):

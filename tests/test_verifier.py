@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stapo.verifier import CV_PROMPT, check_verifier_config, parse_verdict, verifier_prompt
+from stapo.verifier import CV_PROMPT, check_verifier_config, parse_verdict, verdict_for, verifier_prompt, \
+    verifier_question
 
 TINY = "bundled:tiny-qwen3"  # a bundled random-init model stands in for CompassVerifier-3B on CPU
 
@@ -35,6 +36,41 @@ REPLIES = [
 @pytest.mark.parametrize("reply,verdict", REPLIES)
 def test_parse_verdict_real_format_replies(reply, verdict):
     assert parse_verdict(reply) == verdict
+
+
+# eval.protocol justrl: JustRL's evals/grade.py (thunlp/JustRL @ cf444e9) counts a sample only when
+# ``output.outputs[0].text.strip() == "A"``; every other reply is incorrect (here: B/C kept, anything else None).
+JUSTRL_REPLIES = [
+    ("A", "A"), (" A\n", "A"), ("\nA", "A"), ("B", "B"), ("C", "C"),
+    ("A: CORRECT", None), ("CORRECT", None), ("\\boxed{A}", None), ("A.", None), ("(A)", None), ("a", None),
+    ("Final Judgment: \\boxed{A} - CORRECT", None), ("B: INCORRECT", None), ("", None), (None, None),
+]
+
+
+@pytest.mark.parametrize("reply,verdict", JUSTRL_REPLIES)
+def test_justrl_protocol_counts_only_a_bare_A(reply, verdict):
+    assert verdict_for(reply, "justrl") == verdict
+
+
+@pytest.mark.parametrize("reply,verdict", REPLIES)
+def test_harness_protocol_parses_leniently(reply, verdict):
+    assert verdict_for(reply, "harness") == verdict == parse_verdict(reply)
+
+
+def test_question_given_to_the_verifier_per_protocol():
+    assert verifier_question("What is 1+1?", "justrl") == ""  # JustRL's grade.py: df[i].get("question", "")
+    assert verifier_question("What is 1+1?", "harness") == "What is 1+1?"
+    assert "<Original Question Begin>:\n\n<Original Question End>" in verifier_prompt("", "2", "So 2.")
+
+
+def test_cv_prompt_is_justrls_byte_for_byte():
+    # JustRL's evals/grade.py CV_PROMPT, its opening and the lines the harness's copy must not drift from
+    assert CV_PROMPT.startswith("\nPlease as a grading expert, judge whether the final answers given by the "
+                                "candidates below are consistent with the standard answers, that is, whether the "
+                                "candidates answered correctly. \nHere are some evaluation criteria:\n")
+    assert "A: CORRECT \nB: INCORRECT\nC: INVALID\n" in CV_PROMPT
+    assert CV_PROMPT.endswith("<Candidate's Answer Begin>: \n{llm_response}\n<Candidate's Answer End>\n"
+                              "Judging the correctness of the candidate's answer:\n")
 
 
 def test_prompt_is_compassverifiers_format_in_the_chat_template():
@@ -70,12 +106,12 @@ def test_config_check_names_the_key():
         check_verifier_config("opencompass/CompassVerifier-3B")
 
 
-def _eval_with_verifier(tmp_path: Path, verifier: dict, tag: str) -> tuple[dict, list[dict]]:
+def _eval_with_verifier(tmp_path: Path, verifier: dict, tag: str, protocol: str = "justrl") -> tuple[dict, list[dict]]:
     from stapo import evaluate
     from stapo.cli import main
 
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(json.dumps({"eval": {"backend": "hf", "verifier": verifier}}))
+    recipe.write_text(json.dumps({"eval": {"backend": "hf", "verifier": verifier, "protocol": protocol}}))
     out = tmp_path / tag / "aime24.jsonl"
     assert main(["eval", "--model", TINY, "--benchmark", "aime24", "--setting", "t1.0_p1.0", "--out", str(out),
                  "--recipe", str(recipe), "--samples", "2", "--limit", "2", "--max-new-tokens", "8"]) == 0
@@ -84,8 +120,10 @@ def _eval_with_verifier(tmp_path: Path, verifier: dict, tag: str) -> tuple[dict,
 
 
 @pytest.mark.slow
-def test_verifier_stage_bookkeeping(tmp_path, monkeypatch):
-    """Wiring through lm-eval's HF backend with scripted verifier replies: A on problem 0's gold, B otherwise."""
+@pytest.mark.parametrize("protocol", ["harness", "justrl"])
+def test_verifier_stage_bookkeeping(tmp_path, monkeypatch, protocol):
+    """Wiring through lm-eval's HF backend with scripted verifier replies: A on problem 0's gold, "B: INCORRECT"
+    otherwise (a B under harness, unparsed = incorrect under justrl); the question only under harness."""
     from lm_eval.models.huggingface import HFLM
 
     real = HFLM.generate_until
@@ -98,16 +136,23 @@ def test_verifier_stage_bookkeeping(tmp_path, monkeypatch):
         return ["A" if "<Standard Answer Begin>:\n204\n" in r.args[0] else "B: INCORRECT" for r in requests]
 
     monkeypatch.setattr(HFLM, "generate_until", replies)
-    summary, records = _eval_with_verifier(tmp_path, {"model": TINY, "max_new_tokens": 4}, "scripted")
+    summary, records = _eval_with_verifier(tmp_path, {"model": TINY, "max_new_tokens": 4}, "scripted", protocol)
     assert len(seen) == 4 and all(kw["do_sample"] is False and kw["max_gen_toks"] == 4 for _, kw in seen)
+    empty = "<Original Question Begin>:\n\n<Original Question End>"
+    assert all((empty in p) == (protocol == "justrl") for p, _ in seen)
+    assert any("Every morning Aya" in p for p, _ in seen) == (protocol == "harness")  # aime24 problem 0
     assert all("<Candidate's Answer Begin>: \n" + r["completion"] + "\n<Candidate's Answer End>" in p
                for (p, _), r in zip(seen, records))
     assert [r["correct"] for r in records] == [False] * 4  # a random model: the rule grader says wrong
-    assert [r["verifier"] for r in records] == ["A", "A", "B", "B"]
+    b = "B" if protocol == "harness" else ""
+    assert [r["verifier"] for r in records] == ["A", "A", b, b]
     assert [r["correct_verified"] for r in records] == [True, True, False, False]
     assert (summary["avg_at_n"], summary["avg_at_n_corrected"]) == (0.0, 50.0)
-    assert summary["verifier"] == {"model": TINY, "judged": 4, "flipped": 2,
-                                   "verdicts": {"A": 2, "B": 2, "C": 0, "unparsed": 0}}
+    assert summary["generation"]["protocol"] == protocol
+    verdicts = {"A": 2, "B": 2, "C": 0, "unparsed": 0} if protocol == "harness" else \
+        {"A": 2, "B": 0, "C": 0, "unparsed": 2}
+    assert summary["verifier"] == {"model": TINY, "protocol": protocol, "judged": 4, "flipped": 2,
+                                   "verdicts": verdicts}
 
 
 @pytest.mark.slow

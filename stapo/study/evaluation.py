@@ -15,6 +15,7 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 
+from stapo.data import EVAL_PROTOCOLS
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS, FILE_SAMPLES, SETTINGS
 
 __all__ = ["EvalSection", "EvalConfig", "BenchmarkEntry", "BACKENDS", "VERIFIER_DEFAULTS", "VERIFIER_KEYS",
@@ -78,6 +79,15 @@ class EvalSection:
         vllm: lm-eval ``vllm`` model arguments over the device's defaults (stapo.vllm_settings.eval_engine_args).
         verifier: the LLM-verifier stage (stapo.verifier), e.g. ``{model: opencompass/CompassVerifier-3B}``
             (keys of ``VERIFIER_DEFAULTS``); None = rule grading only.
+        protocol: how the prompt and the verifier's inputs and verdicts are made (one of
+            ``stapo.data.EVAL_PROTOCOLS``). ``justrl`` (default, the paper's: it evaluates with JustRL's code,
+            thunlp/JustRL @ cf444e9 ``evals/gen_vllm.py`` and ``evals/grade.py``): the problem and the \\boxed{}
+            instruction joined by one space in the model's chat template; the verifier is given an empty question
+            (grade.py reads a ``question`` field its generation files do not have) and only a reply that is
+            exactly ``A`` counts as correct. ``harness`` (this harness's original protocol): a blank line between
+            problem and instruction; the verifier sees the problem and its reply is parsed leniently
+            (stapo.verifier.parse_verdict: ``A: CORRECT``, ``CORRECT``, ``\\boxed{A}``). Recorded in each
+            summary's ``generation`` block and part of the generation cache's key.
     """
 
     backend: str = "vllm"
@@ -89,6 +99,7 @@ class EvalSection:
     hf: dict = field(default_factory=lambda: {"batch_size": 8, "dtype": "float32"})
     vllm: dict = field(default_factory=dict)
     verifier: dict | None = None
+    protocol: str = "justrl"
 
     @classmethod
     def from_dict(cls, section: dict | None) -> "EvalSection":
@@ -135,6 +146,8 @@ class EvalSection:
             if not isinstance(getattr(self, key), dict):
                 raise ValueError(f"eval.{key}: expected a mapping of lm-eval model arguments")
         check_verifier_config(self.verifier)
+        if self.protocol not in EVAL_PROTOCOLS:
+            raise ValueError(f"eval.protocol: {self.protocol!r}; expected one of {list(EVAL_PROTOCOLS)}")
 
     def benchmark(self, key: str) -> BenchmarkEntry:
         """The section's entry of benchmark ``key`` (the paper's defaults when the section does not list it)."""
@@ -202,6 +215,7 @@ class EvalConfig:
     backend_args: dict = field(default_factory=dict)
     arith: dict = field(default_factory=dict)
     verifier: dict | None = None
+    protocol: str = "justrl"  # eval.protocol: the prompt and verifier style (EvalSection.protocol)
     stop: list[str] = field(default_factory=list)  # end-of-turn token strings (set from the tokenizer)
     stop_ids: list[int] = field(default_factory=list)  # their ids
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from stapo.data import DatasetError, validate_source
+from stapo.data import TRAIN_PROMPTS, DatasetError, validate_source
 from stapo.rewards import REWARDS
 
 __all__ = ["TrainSettings", "train_settings", "accumulation"]
@@ -27,6 +27,10 @@ class TrainSettings:
     Attributes:
         dataset: training source, see stapo.data (``{name: dapo-math-17k}``, ``{name: synthetic-arith, ...}``,
             ``{path: file.jsonl}``).
+        prompt: how a training row becomes the prompt (stapo.data.build_prompt): ``stripped`` (default; this
+            harness's: the DAPO-Math instruction wrapper stripped, the problem, a blank line, the paper's \\boxed{}
+            instruction) or ``justrl_raw`` (JustRL's: the raw DAPO-Math text, wrapper included, ``"\\n\\n"``, the
+            instruction; thunlp/JustRL train/verl/utils/dataset/rl_dataset.py ``use_boxed_suffix_prompt``).
         reward: ``dapo_strict`` (paper: JustRL's DAPO verifier, ±1), ``dapo_lenient``, ``math_verify`` (±1) or
             ``math_verify_01`` (1/0); see stapo.rewards.
         max_steps: training steps in the paper's unit, rollout batches (verl steps; curves run past 3,000).
@@ -62,6 +66,7 @@ class TrainSettings:
     """
 
     dataset: dict = field(default_factory=lambda: {"name": "dapo-math-17k"})
+    prompt: str = "stripped"
     reward: str = "dapo_strict"
     max_steps: int = 3000
     save_steps: int = 20
@@ -116,6 +121,8 @@ def _validate(s: TrainSettings, where: str) -> None:
     if s.prompts_per_generation % s.prompts_per_step:
         raise ValueError(f"{where}.prompts_per_generation ({s.prompts_per_generation}) must be a multiple of "
                          f"{where}.prompts_per_step ({s.prompts_per_step})")
+    if s.prompt not in TRAIN_PROMPTS:
+        raise ValueError(f"{where}.prompt: unknown prompt {s.prompt!r}; expected one of {list(TRAIN_PROMPTS)}")
     if s.reward not in REWARDS:
         raise ValueError(f"{where}.reward: unknown reward {s.reward!r}; expected one of {sorted(REWARDS)}")
     if not 0.0 < s.temperature or not 0.0 < s.top_p <= 1.0:
