@@ -185,7 +185,9 @@ def build_recipe(args: argparse.Namespace, model_dir: str) -> dict:
         max_completion_length=args.completion_length, use_vllm=True, vllm_mode="colocate")
     if getattr(args, "cpu_smoke", False):
         recipe["train"].update(bf16=False, gradient_checkpointing=False, vllm_gpu_memory_utilization=None)
-    recipe["eval"].update(backend="vllm", max_new_tokens=args.completion_length, benchmarks={
+    # verifier None: the check measures generation on a random-init model (no hub: CompassVerifier's weights are
+    # not there); the paper study's verifier stage is `stapo eval`'s, checked by its preflight
+    recipe["eval"].update(backend="vllm", max_new_tokens=args.completion_length, verifier=None, benchmarks={
         "arith": {"samples": args.eval_samples, "n": args.eval_problems, "limit": args.eval_problems}})
     recipe.pop("workflow", None)
     return recipe

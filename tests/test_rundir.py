@@ -326,6 +326,10 @@ def test_which_changes_mix_two_configs():
     cosine = {**a, "train": {**a["train"], "max_steps": 12, "lr_scheduler_type": "cosine"}}
     assert len(rundir.config_changes(a, cosine, last_step=8)) == 2
     assert rundir.config_changes(a, {**a, "model": {"spec": "n"}}) == ["model.spec: 'm' (run) -> 'n' (now)"]
+    # a run recorded before train.prompt existed trained on its default: resuming with the default is the same run
+    assert rundir.config_changes(a, {**a, "train": {**a["train"], "prompt": "stripped"}}) == []
+    assert rundir.config_changes(a, {**a, "train": {**a["train"], "prompt": "justrl_raw"}}) == [
+        "train.prompt: '<absent>' (run) -> 'justrl_raw' (now)"]
 
 
 def test_max_steps_changes_compare_optimiser_steps_with_the_checkpoints():

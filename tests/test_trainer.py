@@ -135,6 +135,23 @@ def test_bf16_keeps_fp32_master_weights_without_deepspeed(tmp_path):
         "dtype"] == torch.float32
 
 
+@pytest.mark.parametrize("style", ["stripped", "justrl_raw"])
+def test_train_prompt_reaches_the_training_set(tmp_path, monkeypatch, style):
+    """train.prompt: the trainer's DAPO-Math-17k prompts keep (justrl_raw) or strip (stripped) DAPO's own wrapper
+    (the hub is replaced by one record in BytedTsinghua-SIA's format)."""
+    import datasets
+
+    from stapo.data import DAPO_PREFIX, DAPO_SUFFIX, PROMPT_SUFFIX
+
+    record = {"prompt": [{"role": "user", "content": f"{DAPO_PREFIX}What is 2 + 3?{DAPO_SUFFIX}"}],
+              "reward_model": {"ground_truth": "5"}}
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: [record])
+    plan = study.resolve_plan(tiny_recipe(dataset={"name": "dapo-math-17k"}, prompt=style), "tiny-qwen3", "justrl")
+    prompt = T.build_trainer(plan, tmp_path / "run").train_dataset[0]["prompt"]
+    assert "What is 2 + 3?" in prompt and PROMPT_SUFFIX in prompt
+    assert (DAPO_PREFIX.strip() in prompt) == (style == "justrl_raw")
+
+
 def test_lr_schedule_advances_once_per_rollout_step(tmp_path):
     """verl: constant LR with 2 warm-up rollout steps, one scheduler step per rollout batch of k = 4 updates."""
     plan = study.resolve_plan(tiny_recipe(prompts_per_generation=8, prompts_per_step=2, warmup_steps=2, max_steps=4,
