@@ -44,9 +44,10 @@ import yaml
 
 from stapo import study as stapo_study
 from stapo.atomic import atomic_write, check_creatable_dir
-from stapo import comparison_figures
+from stapo import comparison_figures, seed_report
 from stapo.errors import UserError
 from stapo.figures import CAPTIONS, FIGURE_KINDS, settings_order, write_figures  # FIGURE_KINDS: always written
+from stapo.seed_statistics import seed_cell
 from stapo.names import BENCHMARKS, METHODS, MODELS, PAPER_BENCHMARKS, SETTINGS, paper_key
 
 __all__ = ["add_arguments", "run", "load_scores", "load_metrics", "load_paper", "write_report", "FIGURE_KINDS"]
@@ -76,39 +77,76 @@ class Score:
     no_box_rate: float | None = None  # % of samples without a final \boxed{}
     protocol: str | None = None  # eval.protocol of the evaluation (None: a summary from before it was recorded)
     verifier_model: str | None = None  # the LLM verifier that corrected it (None: rule grading only)
+    n_seeds: int = 1  # several: the mean over seeds, its CI over seeds and problems (stapo.seed_report)
 
 
 # ---------------------------------------------------------------------------------------------- loading
 
 
 def load_scores(scores_dir: str | Path) -> list[Score]:
-    """Every ``<model>/<method>/<ckpt>/<benchmark>/<setting>.summary.json`` under ``scores_dir``."""
+    """Every ``<model>/<method>/<ckpt>/<benchmark>/<setting>.summary.json`` under ``scores_dir``, and one cell per
+    (model, method, ckpt, benchmark, setting) of a several-seed study's ``<model>/<method>/seed<k>/...``: the mean
+    over seeds with its CI over seeds and problems (:func:`_across_seeds`)."""
     scores = []
     for path in sorted(Path(scores_dir).glob("*/*/*/*/*.summary.json")):
-        model, method, ckpt, benchmark = path.relative_to(scores_dir).parts[:4]
-        setting = path.name[: -len(".summary.json")]
-        try:
-            s = json.loads(path.read_text(encoding="utf-8"))
-            rule = float(s["avg_at_n"])
-            corrected = s.get("avg_at_n_corrected")
-            acc = rule if corrected is None else float(corrected)  # the paper reports verifier-corrected
-            ci = (s.get("ci95") if corrected is None else s.get("ci95_corrected")) or (acc, acc)
-            lo, hi = (float(v) for v in ci)
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: not a score summary (need avg_at_n and ci95): {e}") from e
-        verifier = (s.get("verifier") or {}).get("model") if corrected is not None else None
-        scores.append(Score(model, method, ckpt, benchmark, setting, acc, lo, hi, s.get("n_samples"),
-                            s.get("problems"), rule, None if corrected is None else acc,
-                            s.get("avg_at_n_fallback"), s.get("truncation_rate"), s.get("no_box_rate"),
-                            (s.get("generation") or {}).get("protocol"), verifier))
-    return scores
+        scores.append(_read_summary(path, *path.relative_to(scores_dir).parts[:4]))
+    per_seed: dict[tuple, list[Score]] = {}
+    for path in sorted(Path(scores_dir).glob("*/*/seed*/*/*/*.summary.json")):
+        model, method, _, ckpt, benchmark = path.relative_to(scores_dir).parts[:5]
+        score = _read_summary(path, model, method, ckpt, benchmark)
+        per_seed.setdefault((model, method, ckpt, benchmark, score.setting), []).append(score)
+    return scores + _across_seeds(scores_dir, per_seed)
+
+
+def _read_summary(path: Path, model: str, method: str, ckpt: str, benchmark: str) -> Score:
+    setting = path.name[: -len(".summary.json")]
+    try:
+        s = json.loads(path.read_text(encoding="utf-8"))
+        rule = float(s["avg_at_n"])
+        corrected = s.get("avg_at_n_corrected")
+        acc = rule if corrected is None else float(corrected)  # the paper reports verifier-corrected
+        ci = (s.get("ci95") if corrected is None else s.get("ci95_corrected")) or (acc, acc)
+        lo, hi = (float(v) for v in ci)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a score summary (need avg_at_n and ci95): {e}") from e
+    verifier = (s.get("verifier") or {}).get("model") if corrected is not None else None
+    return Score(model, method, ckpt, benchmark, setting, acc, lo, hi, s.get("n_samples"), s.get("problems"), rule,
+                 None if corrected is None else acc, s.get("avg_at_n_fallback"), s.get("truncation_rate"),
+                 s.get("no_box_rate"), (s.get("generation") or {}).get("protocol"), verifier)
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _across_seeds(scores_dir, per_seed: dict[tuple, list[Score]]) -> list[Score]:
+    """One Score per several-seed cell: accuracy = mean over seeds and problems of the per-sample verdicts, CI
+    from the two-stage bootstrap (stapo.seed_statistics); rates: the seeds' mean."""
+    if not per_seed:
+        return []
+    cells = seed_report.seed_cells(scores_dir)
+    out = []
+    for key, group in per_seed.items():
+        samples = cells.get(key)
+        if samples is None:
+            raise ValueError(f"{scores_dir}/{key[0]}/{key[1]}/seed*/{key[2]}/{key[3]}/{key[4]}.jsonl: the per-sample "
+                             "files of a several-seed cell are missing (its summaries are there)")
+        head, rule = seed_cell(samples.headline), seed_cell(samples.rule)
+        out.append(Score(*key, head.mean, head.lo, head.hi, group[0].n_samples, group[0].problems, rule.mean,
+                         head.mean if samples.corrected is not None else None,
+                         _mean(g.fallback_accuracy for g in group), _mean(g.truncation_rate for g in group),
+                         _mean(g.no_box_rate for g in group), group[0].protocol, group[0].verifier_model,
+                         n_seeds=len(samples.seeds)))
+    return out
 
 
 def load_metrics(runs_dir: str | Path, name: str = "metrics.jsonl") -> dict[tuple[str, str], list[dict]]:
-    """``(model, method) -> [rows of runs/*/*/<name> per step]`` sorted by step; a resumed run's repeated steps
-    keep the last."""
+    """``(model, run) -> [rows of runs/<model>/<run>/<name> per step]`` sorted by step, a run being a method or
+    ``<method>/seed<k>`` (several seeds); a resumed run's repeated steps keep the last."""
     out = {}
-    for path in sorted(Path(runs_dir).glob(f"*/*/{name}")):
+    paths = [*Path(runs_dir).glob(f"*/*/{name}"), *Path(runs_dir).glob(f"*/*/seed*/{name}")]
+    for path in sorted(paths):
         by_step = {}
         for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
@@ -118,8 +156,8 @@ def load_metrics(runs_dir: str | Path, name: str = "metrics.jsonl") -> dict[tupl
                 by_step[int(row["step"])] = row
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{path}:{lineno}: bad line (need a JSON object with 'step'): {e}") from e
-        model, method = path.relative_to(runs_dir).parts[:2]
-        out[(model, method)] = [by_step[k] for k in sorted(by_step)]
+        model, *run = path.relative_to(runs_dir).parts[:-1]  # run: [method] or [method, seed<k>]
+        out[(model, "/".join(run))] = [by_step[k] for k in sorted(by_step)]
     return out
 
 
@@ -154,18 +192,24 @@ RUN_PROTOCOL_KEYS = (("loss_agg_mode", "method", "loss_agg_mode"), ("quantile_sc
 
 def load_run_protocols(runs_dir: str | Path) -> dict[tuple[str, str], dict[str, str] | None]:
     """``(model, method) -> {label: value}`` of ``RUN_PROTOCOL_KEYS`` from each run's recorded config.yaml (a key
-    the config lacks reads "not recorded"); None for a run directory without a readable config.yaml."""
-    out = {}
-    for path in sorted(Path(runs_dir).glob("*/*/config.yaml")):
+    the config lacks reads "not recorded"; the seeds of a several-seed study that disagree read "a | b"); None for
+    a run directory without a readable config.yaml."""
+    out: dict[tuple[str, str], dict[str, str] | None] = {}
+    paths = [*Path(runs_dir).glob("*/*/config.yaml"), *Path(runs_dir).glob("*/*/seed*/config.yaml")]
+    for path in sorted(paths):
         model, method = path.relative_to(runs_dir).parts[:2]
         try:
             config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except (OSError, yaml.YAMLError):
             out[(model, method)] = None
             continue
-        out[(model, method)] = {
-            label: ("not recorded" if key not in (config.get(section) or {}) else str(config[section][key]))
-            for label, section, key in RUN_PROTOCOL_KEYS}
+        values = {label: ("not recorded" if key not in (config.get(section) or {}) else str(config[section][key]))
+                  for label, section, key in RUN_PROTOCOL_KEYS}
+        if (model, method) in out and out[(model, method)] is not None:  # another seed of the method
+            seen = out[(model, method)]
+            values = {k: v if v in seen[k].split(" | ") else f"{seen[k]} | {v}" for k, v in values.items()}
+        if (model, method) not in out or out[(model, method)] is not None:
+            out[(model, method)] = values
     return out
 
 
@@ -341,6 +385,11 @@ def _footnotes(entry: dict, model: str, study: stapo_study.Study, runs: dict | N
         notes.append("Accuracy: strict rule grade (final \\boxed{} answer, math-verify), no LLM-verifier "
                      "correction (the paper's numbers are verifier-corrected); truncation and no-box rates in "
                      "scores.csv.")
+    seeds = sorted({c.n_seeds for c in entry["cells"].values() if c.n_seeds > 1})
+    if seeds:
+        notes.append(f"Trained methods: the mean over {'/'.join(map(str, seeds))} seeds (workflow.seeds "
+                     f"{study.seeds}), 95 % CIs over seeds and problems; each seed's number and the paired "
+                     "method differences with their CIs: [seeds.md](seeds.md).")
     notes.append(_eval_protocol_note(entry, study))
     train_note = _train_protocol_note(entry, model, runs or {}, study)
     if train_note:
@@ -409,7 +458,7 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["model", "method", "ckpt", "benchmark", "setting", "accuracy", "ci95_lo", "ci95_hi",
                 "n_samples", "problems", "paper_v2", "delta", "rule_accuracy", "corrected_accuracy",
-                "fallback_accuracy", "truncation_rate", "no_box_rate", "protocol", "verifier"])
+                "fallback_accuracy", "truncation_rate", "no_box_rate", "protocol", "verifier", "n_seeds"])
     opt = lambda v: "" if v is None else f"{v:.4f}"  # noqa: E731
 
     for s in scores:
@@ -418,7 +467,7 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
                     f"{s.ci_hi:.4f}", s.n_samples, s.problems, _fmt(p).replace("–", ""),
                     "" if p is None else f"{s.accuracy - p:.4f}", opt(s.rule_accuracy), opt(s.corrected_accuracy),
                     opt(s.fallback_accuracy), opt(s.truncation_rate), opt(s.no_box_rate), s.protocol or "",
-                    s.verifier_model or ""])
+                    s.verifier_model or "", s.n_seeds])
     for model, entry in layout.items():
         full = set(PAPER_BENCHMARKS) <= set(entry["benchmarks"])
         for method in entry["methods"]:
@@ -514,7 +563,8 @@ def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None 
     atomic_write(out_dir / "scores.csv", render_csv(scores, layout, paper))
     models = study.workflow.models or _ordered(set(layout) | {m for m, _ in metrics} | set(study.models),
                                                list(study.models))
-    methods = _ordered({m for _, m in metrics} | {s.method for s in scores} | set(study.methods),
+    methods = _ordered({stapo_study.split_run(m)[0] for _, m in metrics} | {s.method for s in scores}
+                       | set(study.methods),
                        list(METHODS) + list(study.methods))
     write_figures(out_dir, models, methods, scores, metrics, load_metrics(runs_dir, "diagnostics.jsonl"), study)
     examples = render_examples(_load_examples(runs_dir), models, methods, study)
@@ -522,6 +572,11 @@ def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None 
     figures = [(f"{model}_{kind}", kind, model, None) for model in models for kind in FIGURE_KINDS]
     figures += comparison_figures.write_comparison_figures(out_dir, models, methods, scores, metrics, study)
     atomic_write(out_dir / "figures.md", render_figure_index(figures, examples, study))
+    if any(s.n_seeds > 1 for s in scores):  # a several-seed study: each seed and the paired comparisons
+        benchmarks = _ordered({s.benchmark for s in scores}, list(study.eval.benchmarks))
+        seeded = _ordered({s.model for s in scores if s.n_seeds > 1}, list(study.models))
+        atomic_write(out_dir / "seeds.md", seed_report.render_seeds(seed_report.seed_cells(scores_dir), study,
+                                                                     seeded, benchmarks, settings_order(study, scores)))
     for stem, _, _, missing in figures:
         if missing and log:
             log(f"report: figure {stem} skipped: {missing}")

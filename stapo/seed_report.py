@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,25 +31,40 @@ from stapo import study as stapo_study
 from stapo.names import BASE
 from stapo.seed_statistics import PairedDifference, SeedCell, paired_difference, seed_cell
 
-__all__ = ["load_seed_samples", "seed_cells", "seed_scores", "paired_table", "render_seeds"]
+__all__ = ["SeedSamples", "load_seed_samples", "seed_cells", "seed_scores", "paired_table", "render_seeds"]
 
 Key = tuple[str, str, str, str, str]  # (model, method, ckpt, benchmark, setting)
 
 
-def _correct_matrix(path: Path) -> tuple[list[str], np.ndarray, str]:
-    """(problem ids in order, [P, N] 0/1, verdict field) of one per-sample file."""
+@dataclass(frozen=True)
+class SeedSamples:
+    """One cell's verdicts over its seeds: rule [S, P, N] (strict grade) and corrected (verifier; None without)."""
+
+    seeds: list[int]
+    rule: np.ndarray
+    corrected: np.ndarray | None = None
+
+    @property
+    def headline(self) -> np.ndarray:
+        """What the table reports: verifier-corrected where the evaluations ran a verifier, else the rule grade."""
+        return self.rule if self.corrected is None else self.corrected
+
+
+def _correct_matrix(path: Path) -> tuple[list[str], np.ndarray, np.ndarray | None]:
+    """(problem ids in order, rule [P, N] 0/1, corrected [P, N] or None) of one per-sample file."""
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not rows:
         raise ValueError(f"{path}: no samples")
-    field = "correct_verified" if all("correct_verified" in r for r in rows) else "correct"
+    verified = all("correct_verified" in r for r in rows)
     by_problem: dict[str, list] = defaultdict(list)
     for r in sorted(rows, key=lambda r: r["sample"]):
-        by_problem[str(r["problem_id"])].append(bool(r[field]))
+        by_problem[str(r["problem_id"])].append((bool(r["correct"]), bool(r.get("correct_verified"))))
     ids = sorted(by_problem)
     n = {len(v) for v in by_problem.values()}
     if len(n) != 1:
         raise ValueError(f"{path}: problems have different numbers of samples {sorted(n)}")
-    return ids, np.array([by_problem[i] for i in ids], dtype=float), field
+    both = np.array([by_problem[i] for i in ids], dtype=float)  # [P, N, 2]
+    return ids, both[..., 0], both[..., 1] if verified else None
 
 
 def load_seed_samples(scores_dir: str | Path) -> dict[Key, dict[int, Path]]:
@@ -63,8 +79,8 @@ def load_seed_samples(scores_dir: str | Path) -> dict[Key, dict[int, Path]]:
     return dict(out)
 
 
-def _stack(files: dict[int, Path]) -> tuple[list[int], np.ndarray]:
-    """(seeds, correct [S, P, N]) of one cell's seeds, all on the same problems."""
+def _stack(files: dict[int, Path]) -> SeedSamples:
+    """One cell's seeds, all on the same problems (the samples per problem cut to the fewest)."""
     seeds = sorted(files)
     mats = [_correct_matrix(files[s]) for s in seeds]
     ids = mats[0][0]
@@ -72,22 +88,24 @@ def _stack(files: dict[int, Path]) -> tuple[list[int], np.ndarray]:
         if other != ids:
             raise ValueError(f"{files[s]}: its problems differ from seed {seeds[0]}'s ({files[seeds[0]]})")
     n = min(m.shape[1] for _, m, _ in mats)
-    return seeds, np.stack([m[:, :n] for _, m, _ in mats])
+    corrected = None if any(c is None for _, _, c in mats) else np.stack([c[:, :n] for _, _, c in mats])
+    return SeedSamples(seeds, np.stack([m[:, :n] for _, m, _ in mats]), corrected)
 
 
-def seed_cells(scores_dir: str | Path) -> dict[Key, tuple[list[int], np.ndarray]]:
-    """Every several-seed cell as (seeds, correct [S, P, N]), plus the untrained model's one evaluation."""
+def seed_cells(scores_dir: str | Path) -> dict[Key, SeedSamples]:
+    """Every several-seed cell, plus the untrained model's one evaluation (one "seed")."""
     cells = {key: _stack(files) for key, files in load_seed_samples(scores_dir).items()}
     for path in sorted(Path(scores_dir).glob(f"*/{BASE}/{BASE}/*/*.jsonl")):
         model, _, _, bench = path.relative_to(scores_dir).parts[:4]
-        _, correct, _ = _correct_matrix(path)
-        cells[(model, BASE, BASE, bench, path.name.removesuffix(".jsonl"))] = ([0], correct[None])
+        _, rule, corrected = _correct_matrix(path)
+        cells[(model, BASE, BASE, bench, path.name.removesuffix(".jsonl"))] = SeedSamples(
+            [0], rule[None], None if corrected is None else corrected[None])
     return cells
 
 
-def seed_scores(cells: dict[Key, tuple[list[int], np.ndarray]]) -> dict[Key, SeedCell]:
-    """The mean over seeds and its two-stage CI of every cell (:func:`seed_cells`)."""
-    return {key: seed_cell(correct) for key, (_, correct) in cells.items()}
+def seed_scores(cells: dict[Key, SeedSamples]) -> dict[Key, SeedCell]:
+    """The mean over seeds and its two-stage CI of every cell's headline verdict (:func:`seed_cells`)."""
+    return {key: seed_cell(c.headline) for key, c in cells.items()}
 
 
 def _reference(study, objective: str) -> list[str]:
@@ -107,8 +125,9 @@ def paired_table(cells: dict, model: str, setting: str, benchmarks: list[str], s
         diffs = []
         for bench in benchmarks:
             ca, cb = cells.get((model, a, "final", bench, setting)), cells.get((model, b, "final", bench, setting))
-            same = ca is not None and cb is not None and ca[0] == cb[0] and ca[1].shape[:2] == cb[1].shape[:2]
-            diffs.append(paired_difference(ca[1], cb[1]) if same else None)
+            same = (ca is not None and cb is not None and ca.seeds == cb.seeds
+                    and ca.headline.shape[:2] == cb.headline.shape[:2])
+            diffs.append(paired_difference(ca.headline, cb.headline) if same else None)
         present = [d for d in diffs if d is not None]
         avg = None
         if present and len(present) == len(diffs):

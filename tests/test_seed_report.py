@@ -47,9 +47,10 @@ def test_cells_hold_every_seed_and_the_base(scores):
     files = load_seed_samples(scores)
     assert sorted(files[("m", "stapo", "final", "arith", "t1.0_p1.0")]) == [0, 1, 2]
     cells = seed_cells(scores)
-    seeds, correct = cells[("m", "stapo", "final", "arith", "t1.0_p1.0")]
-    assert seeds == [0, 1, 2] and correct.shape == (3, 200, 4)
-    assert cells[("m", "base", "base", "arith", "t1.0_p1.0")][1].shape == (1, 200, 4)
+    cell = cells[("m", "stapo", "final", "arith", "t1.0_p1.0")]
+    seeds, correct = cell.seeds, cell.headline
+    assert seeds == [0, 1, 2] and correct.shape == (3, 200, 4) and cell.corrected is None
+    assert cells[("m", "base", "base", "arith", "t1.0_p1.0")].rule.shape == (1, 200, 4)
     cell = seed_scores(cells)[("m", "stapo", "final", "arith", "t1.0_p1.0")]
     assert cell.mean == pytest.approx(100 * correct.mean()) and cell.n_seeds == 3
     assert cell.seed_means == pytest.approx(tuple(100 * correct[s].mean() for s in range(3)))
@@ -82,8 +83,10 @@ def test_the_verifier_verdict_is_used_where_present(tmp_path):
     ones, zeros = np.ones((5, 2), bool), np.zeros((5, 2), bool)
     for seed in (0, 1):
         _write(tmp_path / "m" / "stapo" / f"seed{seed}" / "final" / "b" / "s.jsonl", zeros, verified=ones)
-    cell = seed_scores(seed_cells(tmp_path))[("m", "stapo", "final", "b", "s")]
+    cells = seed_cells(tmp_path)
+    cell = seed_scores(cells)[("m", "stapo", "final", "b", "s")]
     assert cell.mean == 100.0 and cell.seed_means == (100.0, 100.0)
+    assert cells[("m", "stapo", "final", "b", "s")].rule.sum() == 0
 
 
 def test_seeds_on_different_problems_are_an_error(tmp_path):
@@ -91,3 +94,43 @@ def test_seeds_on_different_problems_are_an_error(tmp_path):
     _write(tmp_path / "m" / "stapo" / "seed1" / "final" / "b" / "s.jsonl", np.ones((4, 2), bool))
     with pytest.raises(ValueError, match="seed1.*problems differ from seed 0"):
         seed_cells(tmp_path)
+
+
+def test_stapo_report_of_a_three_seed_study(scores, tiny_study, tmp_path):
+    """write_report: the table's trained cells are the means over seeds (n in a footnote, linked to seeds.md),
+    scores.csv has n_seeds, the curves come from every seed's metrics."""
+    from stapo.report import load_scores, write_report
+
+    for path in sorted(scores.rglob("*.jsonl")):  # the summaries stapo eval writes beside the samples
+        _, rule, _ = __import__("stapo.seed_report", fromlist=["x"])._correct_matrix(path)
+        summary = {"avg_at_n": 100 * rule.mean(), "ci95": [0.0, 100.0], "n_samples": 4, "problems": 200}
+        path.with_name(path.name.replace(".jsonl", ".summary.json")).write_text(json.dumps(summary))
+    runs = tmp_path / "runs"
+    for method in ("justrl", "stapo", "grpo"):
+        for seed in range(3):
+            run = runs / "m" / method / f"seed{seed}"
+            run.mkdir(parents=True)
+            run.joinpath("metrics.jsonl").write_text("".join(
+                json.dumps({"step": i, "entropy_mean": 1.0 + seed, "reward_mean": 0.0}) + "\n" for i in (1, 2)))
+            run.joinpath("config.yaml").write_text("method: {loss_agg_mode: token-mean, quantile_scope: mini_batch}\n")
+    loaded = {(s.method, s.ckpt): s for s in load_scores(scores)}
+    stapo = loaded[("stapo", "final")]
+    assert stapo.n_seeds == 3 and loaded[("base", "base")].n_seeds == 1
+    cells = seed_cells(scores)
+    assert stapo.accuracy == pytest.approx(100 * cells[("m", "stapo", "final", "arith", "t1.0_p1.0")].rule.mean())
+    assert stapo.ci_hi - stapo.ci_lo < 20  # the two-stage CI, not a seed summary's [0, 100]
+    out = tmp_path / "results"
+    write_report(scores, runs, out, tiny_study)
+    table = (out / "table.md").read_text()
+    assert f"{stapo.accuracy:.2f}" in table and "the mean over 3 seeds" in table and "(seeds.md)" in table
+    assert "| STAPO − JustRL |" in (out / "seeds.md").read_text()
+    csv_rows = (out / "scores.csv").read_text().splitlines()
+    assert csv_rows[0].endswith(",n_seeds") and any(r.startswith("m,stapo,final,arith") and r.endswith(",3")
+                                                    for r in csv_rows)
+    from stapo.figures import figure_series
+    from stapo.report import load_metrics
+
+    metrics = load_metrics(runs)
+    assert sorted(metrics)[:3] == [("m", "grpo/seed0"), ("m", "grpo/seed1"), ("m", "grpo/seed2")]
+    curve = figure_series("entropy", "m", [], metrics, ["stapo"]).of("stapo")
+    assert curve.values == (2.0, 2.0) and curve.lo == (1.0, 1.0) and curve.hi == (3.0, 3.0)
