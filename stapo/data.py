@@ -23,7 +23,8 @@ import logging
 import random
 from pathlib import Path
 
-__all__ = ["PROMPT_SUFFIX", "PROMPT_STYLES", "EVAL_PROTOCOLS", "TRAIN_PROMPTS", "build_prompt", "prompt_text"]
+__all__ = ["PROMPT_SUFFIX", "PROMPT_STYLES", "EVAL_PROTOCOLS", "TRAIN_PROMPTS", "build_prompt", "prompt_text",
+           "check_worked_example"]
 
 log = logging.getLogger("stapo.data")
 PROMPT_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -45,14 +46,31 @@ def prompt_text(problem: str, style: str = "harness") -> str:
     raise ValueError(f"prompt style: {style!r}; expected one of {list(PROMPT_STYLES)}")
 
 
-def build_prompt(problem: str, tokenizer=None, style: str = "harness") -> str:
-    """The text the policy is conditioned on: chat-templated user turn when the tokenizer has a template."""
-    content = prompt_text(problem, style)
+def build_prompt(problem: str, tokenizer=None, style: str = "harness", example: dict | None = None) -> str:
+    """The text the policy is conditioned on: chat-templated user turn when the tokenizer has a template.
+
+    ``example`` (``train.worked_example`` / ``eval.worked_example``, {problem, solution}): one worked exchange
+    before the problem — the example's prompt as a user turn and its solution as the assistant's reply — for a
+    small model that writes the final ``\\boxed{}`` only when shown how (the CPU miniature's SmolLM2-135M). The
+    paper's prompts have none.
+    """
+    turns = [{"role": "user", "content": prompt_text(problem, style)}]
+    if example:
+        turns = [{"role": "user", "content": prompt_text(example["problem"], style)},
+                 {"role": "assistant", "content": example["solution"]}, *turns]
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        return content
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
-    )
+        return "\n\n".join(t["content"] for t in turns)
+    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+
+
+def check_worked_example(example, where: str) -> None:
+    """A ``worked_example`` is null or a mapping of exactly ``problem`` and ``solution`` strings (ValueError)."""
+    if example is None:
+        return
+    if not isinstance(example, dict) or set(example) != {"problem", "solution"} or not all(
+            isinstance(v, str) and v.strip() for v in example.values()):
+        raise ValueError(f"{where}.worked_example: need {{problem: <text>, solution: <text>}} (non-empty strings), "
+                         f"got {example!r}")
 
 
 # ------------------------------------------------------------------------------------------- training sets
@@ -233,7 +251,8 @@ def load_problems(source: dict, raw: bool = False) -> list[dict]:
     return rows
 
 
-def training_dataset(source: dict, tokenizer, max_prompt_length: int, prompt: str = "stripped"):
+def training_dataset(source: dict, tokenizer, max_prompt_length: int, prompt: str = "stripped",
+                     example: dict | None = None):
     """A datasets.Dataset with ``prompt`` (paper prompt, chat-templated, in the ``train.prompt`` style) and
     ``answer`` columns; prompts longer than ``max_prompt_length`` tokens are dropped (verl's
     filter_overlong_prompts), with a warning."""
@@ -243,7 +262,7 @@ def training_dataset(source: dict, tokenizer, max_prompt_length: int, prompt: st
         raise ValueError(f"train.prompt: {prompt!r}; expected one of {list(TRAIN_PROMPTS)}")
     style, rows, dropped = prompt, [], 0
     for row in load_problems(source, raw=style == "justrl_raw"):
-        prompt = build_prompt(row["problem"], tokenizer, style)
+        prompt = build_prompt(row["problem"], tokenizer, style, example)
         if len(tokenizer(prompt)["input_ids"]) > max_prompt_length:
             dropped += 1
             continue

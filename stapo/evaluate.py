@@ -106,6 +106,7 @@ def resolve_config(args: argparse.Namespace) -> EvalConfig:
         data_dir=pick(args.data_dir, section.data_dir),
         seed=int(args.seed), file=bench.file, backend_args=dict(getattr(section, backend) or {}),
         arith=bench.arith, verifier=section.verifier, protocol=section.protocol,
+        worked_example=section.worked_example,
     )
 
 

@@ -205,7 +205,8 @@ def generation_identity(cfg: EvalConfig, model_path: str, known: dict[str, str] 
     (``known``: :func:`model_fingerprint`'s already computed file digests)."""
     return {"model": model_fingerprint(model_path, known), "backend": cfg.backend, "backend_args": cfg.backend_args,
             "seed": cfg.seed, "max_length": cfg.max_new_tokens + MAX_PROMPT_TOKENS, "seeding": SEEDING[cfg.backend],
-            "protocol": cfg.protocol}  # the prompt keys the cache too; the protocol says so explicitly
+            "protocol": cfg.protocol,  # the prompt keys the cache too; the protocol says so explicitly
+            **({"worked_example": cfg.worked_example} if cfg.worked_example else {})}
 
 
 def with_stop_tokens(cfg: EvalConfig, tokenizer) -> EvalConfig:
@@ -223,7 +224,7 @@ def generate(cfg: EvalConfig, model_path: str, store: GenerationCache,
     lm = ResumableLM(build_lm(cfg, model_path), None, generation_identity(cfg, model_path, known),
                      CHUNK_REQUESTS[cfg.backend], SEEDING[cfg.backend], store=store)
     meta = {"data_dir": cfg.data_dir, "tokenizer": model_path, "arith": cfg.arith or None, "name": cfg.benchmark,
-            "protocol": cfg.protocol,
+            "protocol": cfg.protocol, "worked_example": cfg.worked_example,
             "file": None if cfg.file is None else str(Path(cfg.file).resolve())}
     manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata=meta)
     name = task_name(cfg.benchmark)

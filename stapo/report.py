@@ -110,9 +110,13 @@ def _read_summary(path: Path, model: str, method: str, ckpt: str, benchmark: str
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a score summary (need avg_at_n and ci95): {e}") from e
     verifier = (s.get("verifier") or {}).get("model") if corrected is not None else None
+    generation = s.get("generation") or {}
+    protocol = generation.get("protocol")
+    if protocol and generation.get("worked_example"):  # eval.worked_example (the CPU miniature's prompt)
+        protocol += " + worked example"
     return Score(model, method, ckpt, benchmark, setting, acc, lo, hi, s.get("n_samples"), s.get("problems"), rule,
                  None if corrected is None else acc, s.get("avg_at_n_fallback"), s.get("truncation_rate"),
-                 s.get("no_box_rate"), (s.get("generation") or {}).get("protocol"), verifier)
+                 s.get("no_box_rate"), protocol, verifier)
 
 
 def _mean(values) -> float | None:
@@ -205,6 +209,8 @@ def load_run_protocols(runs_dir: str | Path) -> dict[tuple[str, str], dict[str, 
             continue
         values = {label: ("not recorded" if key not in (config.get(section) or {}) else str(config[section][key]))
                   for label, section, key in RUN_PROTOCOL_KEYS}
+        if (config.get("train") or {}).get("worked_example"):  # the CPU miniature's prompt: say it was shown
+            values["train.prompt"] += " + worked example"
         if (model, method) in out and out[(model, method)] is not None:  # another seed of the method
             seen = out[(model, method)]
             values = {k: v if v in seen[k].split(" | ") else f"{seen[k]} | {v}" for k, v in values.items()}

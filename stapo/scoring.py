@@ -120,6 +120,7 @@ def summarize(records: list[dict], cfg: EvalConfig, model: str, verifier: dict |
         "grading": "strict: the final \\boxed{} answer (math-verify); fallback and verifier-corrected alongside",
         "generation": {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
                        "n": cfg.n, "backend": cfg.backend, "seed": cfg.seed, "limit": cfg.limit,
-                       "data_dir": cfg.data_dir, "stop": list(cfg.stop), "protocol": cfg.protocol},
+                       "data_dir": cfg.data_dir, "stop": list(cfg.stop), "protocol": cfg.protocol,
+                       "worked_example": cfg.worked_example},
         "lm_eval_version": lm_eval.__version__,
     }

@@ -327,7 +327,8 @@ def build_trainer(plan: Plan, out: Path, *, plain: bool = False, callbacks=(), *
                          stop_token_ids=stop_ids, **config_overrides)
     s = plan.settings
     kwargs = dict(model=model_dir, reward_funcs=[accuracy_reward(REWARDS[s.reward])], args=config,
-                  train_dataset=training_dataset(s.dataset, tokenizer, s.max_prompt_length, prompt=s.prompt),
+                  train_dataset=training_dataset(s.dataset, tokenizer, s.max_prompt_length, prompt=s.prompt,
+                                                 example=s.worked_example),
                   processing_class=tokenizer, callbacks=list(callbacks))
     if plain:
         return GRPOTrainer(**kwargs)

@@ -214,3 +214,33 @@ def test_train_prompt_key_is_validated_and_defaults_to_stripped():
     with pytest.raises(ValueError, match=r"train.prompt: unknown prompt 'raw'; expected one of \['stripped', "
                                          r"'justrl_raw'\]"):
         train_settings({"prompt": "raw"})
+
+
+EXAMPLE = {"problem": "What is 7 + 5?", "solution": "7 + 5 = 12.\n\n\\boxed{12}"}
+
+
+def test_worked_example_is_one_exchange_before_the_problem(qwen3_tokenizer):
+    """eval/train.worked_example: the example's prompt as a user turn and its solution as the assistant's reply,
+    then the problem, in the same style; lm-eval's task renders the same string."""
+    from stapo.tasks.registry import custom_dataset
+
+    prompt = build_prompt("What is 2 + 2?", qwen3_tokenizer, "justrl", EXAMPLE)
+    assert prompt == ("<|im_start|>user\nWhat is 7 + 5? " + PROMPT_SUFFIX + "<|im_end|>\n"
+                      "<|im_start|>assistant\n7 + 5 = 12.\n\n\\boxed{12}<|im_end|>\n"
+                      "<|im_start|>user\nWhat is 2 + 2? " + PROMPT_SUFFIX + "<|im_end|>\n"
+                      "<|im_start|>assistant\n")
+    assert build_prompt("What is 2 + 2?", None, "harness", EXAMPLE) == (
+        f"What is 7 + 5?\n\n{PROMPT_SUFFIX}\n\n7 + 5 = 12.\n\n\\boxed{{12}}\n\nWhat is 2 + 2?\n\n{PROMPT_SUFFIX}")
+    rows = custom_dataset("arith", tokenizer=qwen3_tokenizer.name_or_path, arith={"n": 2},
+                          worked_example=EXAMPLE)["test"]
+    assert all(r["prompt"].startswith("<|im_start|>user\nWhat is 7 + 5? ") for r in rows)
+    assert rows[0]["prompt"].endswith(f"{rows[0]['problem']} {PROMPT_SUFFIX}<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("bad", [{"problem": "x"}, {"problem": "x", "solution": ""}, "x", {"q": "a", "solution": "b"}])
+def test_worked_example_is_checked_in_both_sections(bad):
+    from stapo.study import StudyError, parse
+
+    for section in ("train", "eval"):
+        with pytest.raises(StudyError, match=rf"{section}\.worked_example: "):
+            parse({section: {"worked_example": bad}}, required=())

@@ -99,6 +99,15 @@ def test_protocol_comes_from_the_recipe_and_keys_the_generation_cache(tmp_path):
     recipe.write_text("eval: {backend: hf, protocol: verl}\n")
     with pytest.raises(StudyError, match=r"eval.protocol: 'verl' is not one of \['justrl', 'harness'\]"):
         resolve_config(_args(recipe=str(recipe)))
+    # eval.worked_example changes the prompt: it keys the cache too (and is absent from the key without one)
+    recipe.write_text("eval: {backend: hf, worked_example: {problem: 'What is 1 + 1?', solution: '\\boxed{2}'}}\n")
+    shown = resolve_config(_args(recipe=str(recipe)))
+    assert shown.worked_example == {"problem": "What is 1 + 1?", "solution": "\\boxed{2}"}
+    key = generation_identity(shown, str(tmp_path))
+    recipe.write_text("eval: {backend: hf}\n")
+    plain = generation_identity(resolve_config(_args(recipe=str(recipe))), str(tmp_path))
+    assert key["worked_example"] == shown.worked_example and "worked_example" not in plain
+    assert {k: v for k, v in key.items() if k != "worked_example"} == plain
 
 
 # -------------------------------------------------------------------------------------------------- config

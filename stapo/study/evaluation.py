@@ -15,7 +15,7 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 
-from stapo.data import EVAL_PROTOCOLS
+from stapo.data import EVAL_PROTOCOLS, check_worked_example
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS, FILE_SAMPLES, SETTINGS
 
 __all__ = ["EvalSection", "EvalConfig", "BenchmarkEntry", "BACKENDS", "VERIFIER_DEFAULTS", "VERIFIER_KEYS",
@@ -88,6 +88,9 @@ class EvalSection:
             problem and instruction; the verifier sees the problem and its reply is parsed leniently
             (stapo.verifier.parse_verdict: ``A: CORRECT``, ``CORRECT``, ``\\boxed{A}``). Recorded in each
             summary's ``generation`` block and part of the generation cache's key.
+        worked_example: ``{problem, solution}``: one worked exchange shown before every problem's prompt
+            (stapo.data.build_prompt; the CPU miniature's model writes ``\\boxed{}`` only when shown how); None (the
+            paper) = none. Recorded in each summary's ``generation`` block and part of the generation cache's key.
     """
 
     backend: str = "vllm"
@@ -100,6 +103,7 @@ class EvalSection:
     vllm: dict = field(default_factory=dict)
     verifier: dict | None = None
     protocol: str = "justrl"
+    worked_example: dict | None = None
 
     @classmethod
     def from_dict(cls, section: dict | None) -> "EvalSection":
@@ -148,6 +152,7 @@ class EvalSection:
         check_verifier_config(self.verifier)
         if self.protocol not in EVAL_PROTOCOLS:
             raise ValueError(f"eval.protocol: {self.protocol!r}; expected one of {list(EVAL_PROTOCOLS)}")
+        check_worked_example(self.worked_example, "eval")
 
     def benchmark(self, key: str) -> BenchmarkEntry:
         """The section's entry of benchmark ``key`` (the paper's defaults when the section does not list it)."""
@@ -216,6 +221,7 @@ class EvalConfig:
     arith: dict = field(default_factory=dict)
     verifier: dict | None = None
     protocol: str = "justrl"  # eval.protocol: the prompt and verifier style (EvalSection.protocol)
+    worked_example: dict | None = None  # eval.worked_example: one worked exchange before each prompt
     stop: list[str] = field(default_factory=list)  # end-of-turn token strings (set from the tokenizer)
     stop_ids: list[int] = field(default_factory=list)  # their ids
 

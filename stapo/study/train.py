@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from stapo.data import TRAIN_PROMPTS, DatasetError, validate_source
+from stapo.data import TRAIN_PROMPTS, DatasetError, check_worked_example, validate_source
 from stapo.rewards import REWARDS
 
 __all__ = ["TrainSettings", "train_settings", "accumulation"]
@@ -55,6 +55,8 @@ class TrainSettings:
         vllm: further TRL ``vllm_*`` options, keys without the prefix (e.g. ``{enable_sleep_mode: true}``),
             over the device defaults of stapo.vllm_settings.
         seed: seeds model init-free RNG, sampling and the data order.
+        worked_example: ``{problem, solution}``: one worked exchange shown before every prompt (stapo.data.build_prompt;
+            the CPU miniature's SmolLM2-135M writes ``\\boxed{}`` only when shown how); None (the paper) = none.
         report_to: experiment trackers, passed to TRL as ``report_to`` (``none``, the default, or one or a list of
             ``tensorboard``, ``wandb``, ``trackio``, ``mlflow``, ... : transformers' integrations); the run name is
             ``<model>/<method>/seed<seed>``. TensorBoard writes to ``<run dir>/runs/``; wandb / trackio read their
@@ -94,6 +96,7 @@ class TrainSettings:
     vllm: dict = field(default_factory=dict)
     seed: int = 0
     report_to: str | list[str] = "none"
+    worked_example: dict | None = None
     logging_steps: int = 1
     diagnostics_every: int = 0
     diagnostics_examples: int = 8
@@ -134,6 +137,7 @@ def _validate(s: TrainSettings, where: str) -> None:
         raise ValueError(f"{where}.learning_rate must be > 0 and {where}.warmup_steps/max_grad_norm/weight_decay "
                          ">= 0")
     _validate_trackers(s.report_to, where)
+    check_worked_example(s.worked_example, where)
     try:
         validate_source(s.dataset)
     except DatasetError as err:

@@ -205,11 +205,12 @@ def _tokenizer(spec: str | None):
 
 def custom_dataset(benchmark: str, data_dir: str | None = None, tokenizer: str | None = None,
                    pretrained: str | None = None, arith: dict | None = None, file: str | None = None,
-                   name: str | None = None, protocol: str = "justrl", **_):
+                   name: str | None = None, protocol: str = "justrl", worked_example: dict | None = None, **_):
     """lm-eval ``custom_dataset`` hook: a DatasetDict with a ``test`` split and the rendered ``prompt`` column.
 
     lm-eval passes the task metadata (``stapo eval`` puts ``data_dir`` and ``tokenizer`` there, and for a study's
-    own benchmark its ``name`` and ``file``, and ``protocol``: eval.protocol, the prompt's style, stapo.data;
+    own benchmark its ``name`` and ``file``, ``protocol``: eval.protocol, the prompt's style, stapo.data, and
+    ``worked_example``: eval.worked_example;
     lm-eval's own CLI passes ``pretrained`` from ``--model_args``) and the
     task's ``dataset_kwargs`` (``benchmark``: the shipped benchmark's key, or ``file`` for the generic task).
     """
@@ -223,7 +224,7 @@ def custom_dataset(benchmark: str, data_dir: str | None = None, tokenizer: str |
         rows = load_rows(benchmark, data_dir, **(arith or {}))
     tok = _tokenizer(tokenizer or pretrained)
     for row in rows:
-        row["prompt"] = build_prompt(row["problem"], tok, protocol)
+        row["prompt"] = build_prompt(row["problem"], tok, protocol, worked_example)
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
 
 
