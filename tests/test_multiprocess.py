@@ -27,7 +27,7 @@ METRICS = ("loss", "reward_mean", "grad_norm", "entropy_mean", "candidate_fracti
            "kept_fraction", "ratio_mean")
 
 
-def _recipe(tmp: Path, method_overrides: dict) -> Path:
+def _recipe(tmp: Path, method_overrides: dict, name: str = "recipe", **train) -> Path:
     recipe = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
     recipe["models"] = {"tiny-qwen3": {"spec": "bundled:tiny-qwen3", "gpus": 0}}
     recipe["workflow"]["models"] = ["tiny-qwen3"]  # the study must name only models it defines
@@ -39,20 +39,24 @@ def _recipe(tmp: Path, method_overrides: dict) -> Path:
                            max_steps=2, save_steps=2, learning_rate=1e-3, warmup_steps=0, prompts_per_generation=2,
                            num_generations=4, prompts_per_step=2, per_device_train_batch_size=2,
                            max_completion_length=8, diagnostics_every=0)
-    path = tmp / "recipe.yaml"
+    recipe["train"].update(train)
+    path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
 
 
-def _train(recipe: Path, method: str, out: Path, processes: int) -> tuple[list[dict], dict]:
+def _train(recipe: Path, method: str, out: Path, processes: int, *, engine: Path | None = None,
+           env: dict | None = None) -> tuple[list[dict], dict]:
+    """`stapo train` on ``processes`` CPU processes: plain DDP, or the accelerate config ``engine`` (fp32, CPU)."""
     args = ["train", "--recipe", str(recipe), "--model", "tiny-qwen3", "--method", method, "--out", str(out)]
     if processes == 1:
         cmd = [sys.executable, str(LAUNCHER), *args]
     else:  # torchrun under accelerate; with no GPU every process is a CPU rank of one gloo group
-        cmd = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", str(processes),
+        launch = ["--multi_gpu"] if engine is None else ["--config_file", str(engine)]
+        cmd = [str(BIN / "accelerate"), "launch", *launch, "--num_processes", str(processes),
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(LAUNCHER), *args]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert yaml.safe_load((out / "config.yaml").read_text())["trl"]["num_processes"] == processes
@@ -91,3 +95,43 @@ def test_micro_batch_scope_depends_on_the_split(tmp_path):
     one = _train(recipe, "entropy20", tmp_path / "one", 1)
     two = _train(recipe, "entropy20", tmp_path / "two", 2)
     assert not _same(one, two)
+
+
+def _first_step_gradient(tmp: Path, recipe: Path, method: str, processes: int, engine: Path | None = None) -> dict:
+    """The first optimiser step's gradient after the trainer's normaliser, before clipping (fixed_rollouts.py)."""
+    dump = tmp / f"{method}-{processes}.pt"
+    _train(recipe, method, tmp / f"{method}-{processes}", processes, engine=engine,
+           env={"STAPO_TEST_GRAD_DUMP": str(dump)})
+    return torch.load(dump)
+
+
+def _relative_errors(grads: dict, reference: dict) -> dict[str, float]:
+    """‖g − g_ref‖ / ‖g_ref‖ per parameter tensor."""
+    assert grads.keys() == reference.keys()
+    return {k: float((grads[k] - reference[k]).norm() / reference[k].norm().clamp(min=1e-30)) for k in reference}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["justrl", "stapo", "entropy20"])
+def test_fsdp_step_gradient_equals_one_process_full_batch(tmp_path, method):
+    """The paper's FSDP engine (configs/accelerate/fsdp.yaml, FSDP2 full shard; here on CPU, gloo, fp32) with two
+    ranks of unequal token counts, two micro-batches each: the optimiser step's gradient — sharded, rescaled once
+    by the exact normaliser — equals one process's gradient of the same loss over the whole batch in one
+    micro-batch, to 1e-6 relative per parameter tensor."""
+    engine = yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())["models"]["qwen3-8b-base"]
+    engine = REPO / engine["accelerate_config"]
+    assert yaml.safe_load(engine.read_text())["distributed_type"] == "FSDP"
+    sharded = _first_step_gradient(tmp_path, _recipe(tmp_path, {}, name="micro", max_steps=1, save_steps=1),
+                                   method, 2, engine)
+    full = _first_step_gradient(tmp_path, _recipe(tmp_path, {}, name="full", max_steps=1, save_steps=1,
+                                                  per_device_train_batch_size=8), method, 1)
+    assert (sharded["engine"], sharded["fsdp_version"], sharded["sharded"]) == ("FSDP", 2, True)
+    assert sharded["normaliser"] == full["normaliser"] == "exact_rescale"
+    tokens = sharded["tokens_per_rank"]
+    assert tokens[0] != tokens[1] and sum(tokens) == sum(full["tokens_per_rank"])  # unequal ranks, same batch
+    if method == "stapo":
+        assert sum(sharded["kept_per_rank"]) < sum(tokens)  # the S2T mask silences tokens in this step
+    errors = _relative_errors(sharded["grads"], full["grads"])
+    print(f"{method}: tokens per rank {tokens}, kept {sharded['kept_per_rank']}, "
+          f"max relative error {max(errors.values()):.2e} ({max(errors, key=errors.get)})")
+    assert max(errors.values()) < 1e-6, errors
