@@ -15,6 +15,7 @@ and TRL's FSDP branches, the trainer's engine detection) is the real FSDP path.
 With ``STAPO_TEST_GRAD_DUMP=<file>`` it also saves the first optimiser step's gradient as the optimiser will see
 it — after the trainer's normaliser rescale (``_close_window``), before clipping — unsharded (an FSDP2 shard is a
 DTensor: ``full_tensor()``, a collective every rank enters), with the engine and each rank's token counts.
+``STAPO_TEST_NORMALISER=<Normaliser value>`` forces the trainer's normaliser (e.g. DeepSpeed's estimate under FSDP).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from trl import GRPOTrainer  # noqa: E402
 
 from stapo import cli  # noqa: E402
 from stapo.rewards import REWARDS  # noqa: E402
-from stapo.trainer import StapoGRPOTrainer  # noqa: E402
+from stapo.trainer import Normaliser, StapoGRPOTrainer  # noqa: E402
 
 
 def fixed_completions(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -97,6 +98,9 @@ GRPOTrainer._generate_single_turn = fixed_completions
 REWARDS["coin"] = coin
 if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not torch.cuda.is_available():
     AcceleratorState.__init__ = fsdp_on_cpu(AcceleratorState.__init__)
+if os.environ.get("STAPO_TEST_NORMALISER"):
+    _forced = Normaliser(os.environ["STAPO_TEST_NORMALISER"])
+    Normaliser.choose = classmethod(lambda cls, *args, **kwargs: _forced)
 if os.environ.get("STAPO_TEST_GRAD_DUMP"):
     StapoGRPOTrainer._close_window = dump_first_step_gradient(StapoGRPOTrainer._close_window,
                                                               os.environ["STAPO_TEST_GRAD_DUMP"])
