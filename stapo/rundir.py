@@ -54,7 +54,9 @@ log = logging.getLogger("stapo.rundir")
 CONFIG = "config.yaml"
 LOGS = ("metrics.jsonl", *TokenDiagnostics.FILES)  # JSON lines with a "step" field
 # checkpoint files that only resuming needs; final/ is the checkpoint without them
-RESUME_ONLY = ("optimizer.pt", "scheduler.pt", "trainer_state.json", "scaler.pt", "latest", "zero_to_fp32.py", COMPLETE)
+# (FSDP with FULL_STATE_DICT: optimizer.bin and pytorch_model_fsdp.bin, the full fp32 optimizer state and weights)
+RESUME_ONLY = ("optimizer.pt", "scheduler.pt", "trainer_state.json", "scaler.pt", "latest", "zero_to_fp32.py",
+               "optimizer.bin", "pytorch_model_fsdp.bin", COMPLETE)
 # train.* keys that change no weight: a rerun may change them
 BOOKKEEPING = ("save_steps", "save_total_limit", "logging_steps", "diagnostics_every", "diagnostics_examples")
 CONSTANT_LR = ("constant", "constant_with_warmup")
