@@ -113,8 +113,8 @@ def _first_step_gradient(tmp: Path, recipe: Path, method: str, processes: int, e
     env = {"STAPO_TEST_GRAD_DUMP": str(tmp / f"{name}.pt")}
     if normaliser:
         env["STAPO_TEST_NORMALISER"] = normaliser
-    _train(recipe, method, tmp / name, processes, engine=engine, env=env)
-    return torch.load(tmp / f"{name}.pt")
+    rows, _ = _train(recipe, method, tmp / name, processes, engine=engine, env=env)
+    return {**torch.load(tmp / f"{name}.pt"), "logged_grad_norm": rows[0]["grad_norm"]}
 
 
 def _paper_engine(model: str = "qwen3-8b-base") -> Path:
@@ -157,6 +157,9 @@ def test_fsdp_step_gradient_equals_one_process_full_batch(tmp_path, method, mode
     print(f"{method} ({model} engine): tokens per rank {tokens}, kept {sharded['kept_per_rank']}, "
           f"max relative error {max(errors.values()):.2e} ({max(errors, key=errors.get)})")
     assert max(errors.values()) < 1e-6, errors
+    # the clip (after training_step) measured the rescaled gradient: its norm is the full-batch gradient's
+    norm = float(torch.stack([g.norm() for g in full["grads"].values()]).norm())
+    assert sharded["logged_grad_norm"] == pytest.approx(norm, rel=1e-5)
 
 
 @pytest.mark.slow
