@@ -54,9 +54,12 @@ log = logging.getLogger("stapo.rundir")
 CONFIG = "config.yaml"
 LOGS = ("metrics.jsonl", *TokenDiagnostics.FILES)  # JSON lines with a "step" field
 # checkpoint files that only resuming needs; final/ is the checkpoint without them
-RESUME_ONLY = ("optimizer.pt", "scheduler.pt", "trainer_state.json", "scaler.pt", "latest", "zero_to_fp32.py", COMPLETE)
-# keys a run's recorded config may lack (recorded since a later version): absent counts as this value
-LATER_KEYS = {"train.prompt": "stripped", "train.report_to": "none"}
+# (FSDP with FULL_STATE_DICT: optimizer.bin and pytorch_model_fsdp.bin, the full fp32 optimizer state and weights)
+RESUME_ONLY = ("optimizer.pt", "scheduler.pt", "trainer_state.json", "scaler.pt", "latest", "zero_to_fp32.py",
+               "optimizer.bin", "pytorch_model_fsdp.bin", COMPLETE)
+# keys a run's recorded config may lack (recorded since a later version): absent counts as this value (None: as
+# whatever the rerun records: the engine and normaliser were not recorded, and follow from the launch)
+LATER_KEYS = {"train.prompt": "stripped", "train.report_to": "none", "trl.engine": None, "trl.normaliser": None}
 # train.* keys that change no weight: a rerun may change them
 BOOKKEEPING = ("save_steps", "save_total_limit", "logging_steps", "diagnostics_every", "diagnostics_examples",
                "report_to")
@@ -240,7 +243,9 @@ def config_changes(started: dict, now: dict, *, last_step: int = 0) -> list[str]
     new_max = b.get("trl.max_steps", b.get("train.max_steps"))
     changes = []
     for key in sorted(set(a) | set(b)):
-        if a.get(key, LATER_KEYS.get(key)) == b.get(key) or key in bookkeeping:
+        if key in bookkeeping or a.get(key) == b.get(key):
+            continue
+        if key not in a and key in LATER_KEYS and LATER_KEYS[key] in (None, b.get(key)):
             continue
         if (key in ("train.max_steps", "trl.max_steps") and b.get("train.lr_scheduler_type") in CONSTANT_LR
                 and isinstance(new_max, int) and new_max >= last_step):

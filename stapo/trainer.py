@@ -19,9 +19,13 @@ back-propagated as S_j / c with a constant provisional normaliser c (TRL's dapo 
 completion-token count per rank), the kept counts are summed over the window, and after the last micro-batch's
 backward (gradients already all-reduced, before clipping and the optimizer step) every gradient is multiplied
 by c·W / K. The masks are constants of θ, which does not change within a window, so this equals back-propagating
-Σ_j S_j / K exactly. Under DeepSpeed (whose engine steps inside the last backward, so gradients cannot be
-rescaled) the per-micro-batch normaliser is c times the micro-batch's global kept fraction — exact for justrl,
-approximate (error ~ the silenced fraction, < 1e-4 in the paper) for stapo/entropy20; a warning says so.
+Σ_j S_j / K exactly. Under FSDP (the paper configs' engine, as verl's) the gradients are each rank's shards of
+the reduce-scattered gradient, and one scalar times every shard is that scalar times the whole gradient: exact too
+(tests/test_multiprocess.py checks FSDP2 against one process to 1e-6). Under DeepSpeed (whose engine steps inside
+the last backward, so gradients cannot be rescaled) the per-micro-batch normaliser is c times the micro-batch's
+global kept fraction — exact for justrl, approximate (error ~ the silenced fraction, < 1e-4 in the paper) for
+stapo/entropy20; a warning says so. The run's config.yaml records the engine and normaliser (trl.engine,
+trl.normaliser).
 GRPO (sequence-mean) is divided by gradient_accumulation_steps, as TRL does for its "grpo" loss.
 ``loss_agg_mode: token-mean-per-micro-batch`` (verl 0.4.0, JustRL's own trainer) has no step normaliser: each
 micro-batch is back-propagated as its own kept-token mean × (its sequences / the rank's sequences in the step),
@@ -40,7 +44,9 @@ over that step's completions on every rank, and every micro-batch of the step us
 
 Precision: ``bf16`` means bf16 compute (autocast) over fp32 master weights. Without DeepSpeed the model is loaded
 in fp32 (AdamW on bf16 weights would round away updates of LR 1e-6); under DeepSpeed ZeRO the engine keeps the
-fp32 master copy and the model is loaded in bf16.
+fp32 master copy and the model is loaded in bf16. Under FSDP the fp32 parameters are the sharded master weights and
+accelerate's MixedPrecisionPolicy casts them to bf16 for forward and backward; its gradient reduction, bf16 by
+default, is set to fp32 (verl's reduce_dtype), so the reduce-scatter does not round the step's gradient to bf16.
 
 Stopping: every end-of-turn token of the tokenizer's chat template (Qwen3-Base: ``<|im_end|>`` besides the EOS
 ``<|endoftext|>``) ends a rollout, in HF generation and in vLLM, and closes the completion mask.
@@ -95,6 +101,8 @@ class Normaliser(str, Enum):
 
     @classmethod
     def choose(cls, loss_agg_mode: str, deepspeed: bool) -> Normaliser:
+        """deepspeed: the engine steps inside the last backward. Every other engine (one process, DDP, FSDP, whose
+        gradients are local shards that one scalar scales exactly) rescales after the step's last backward."""
         if loss_agg_mode == "token-mean-per-micro-batch":
             return cls.MICRO_BATCH_TOKEN_MEAN
         if loss_agg_mode != "token-mean":
@@ -119,10 +127,12 @@ class StapoGRPOTrainer(GRPOTrainer):
         self._window: StepAccumulator | None = None  # the optimiser step's sums on this process, while it runs
         self._thresholds: Thresholds | None = None  # this optimiser step's entropy thresholds (mini-batch scope)
         self._capture: list | None = None  # entropies of the π_old forward, while one is being captured
-        deepspeed = self.accelerator.distributed_type.value == "DEEPSPEED"
-        self._normaliser = Normaliser.choose(objective.loss_agg_mode, deepspeed)
+        engine = self.accelerator.distributed_type.value
+        self._normaliser = Normaliser.choose(objective.loss_agg_mode, deepspeed=engine == "DEEPSPEED")
         if self._normaliser is Normaliser.DEEPSPEED_KEPT_FRACTION and objective.uses_thresholds:
             warnings.warn("DeepSpeed: the kept-token normaliser is estimated per micro-batch (see stapo.trainer)")
+        if engine == "FSDP":
+            _fp32_gradient_reduction(self.accelerator.state.fsdp_plugin)  # before train() wraps the model
         trl_compat.stop_at(self, end_of_turn_token_ids(self.processing_class))  # vLLM: grpo_config's stop ids
 
     @property
@@ -265,6 +275,26 @@ class StapoGRPOTrainer(GRPOTrainer):
             self._diagnostics.end_step(self.state.global_step + 1)  # global_step advances after this step
 
 
+def _fp32_gradient_reduction(plugin) -> None:
+    """FSDP bf16: reduce gradients in fp32 (accelerate's policy reduces in its param dtype, bf16; verl: fp32)."""
+    policy = plugin.mixed_precision_policy
+    if policy is not None and policy.reduce_dtype not in (None, torch.float32):
+        from dataclasses import replace
+
+        plugin.mixed_precision_policy = replace(policy, reduce_dtype=torch.float32)
+
+
+def training_engine() -> str:
+    """This launch's engine: ``deepspeed``, ``fsdp``, ``ddp`` or ``single``, known before the Accelerator exists
+    (accelerate turns a launch into FSDP from ACCELERATE_USE_FSDP only when it builds the Accelerator)."""
+    state = process_state()
+    if state.distributed_type.value == "DEEPSPEED":
+        return "deepspeed"
+    if state.distributed_type.value == "FSDP" or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        return "fsdp"
+    return "ddp" if state.num_processes > 1 else "single"
+
+
 # --------------------------------------------------------------------------------------------------- build
 
 
@@ -323,7 +353,7 @@ def build_trainer(plan: Plan, out: Path, *, plain: bool = False, callbacks=(), *
         tokenizer.pad_token = tokenizer.eos_token
     state = process_state()
     stop_ids = end_of_turn_token_ids(tokenizer)
-    config = grpo_config(plan, out, state.num_processes, deepspeed=state.distributed_type.value == "DEEPSPEED",
+    config = grpo_config(plan, out, state.num_processes, deepspeed=training_engine() == "deepspeed",
                          stop_token_ids=stop_ids, **config_overrides)
     s = plan.settings
     kwargs = dict(model=model_dir, reward_funcs=[accuracy_reward(REWARDS[s.reward])], args=config,
@@ -339,7 +369,8 @@ def build_trainer(plan: Plan, out: Path, *, plain: bool = False, callbacks=(), *
     return StapoGRPOTrainer(objective=plan.objective, settings=s, diagnostics=diagnostics, **kwargs)
 
 
-def _resolved_config(plan: Plan, config: GRPOConfig) -> dict:
+def _resolved_config(plan: Plan, config: GRPOConfig, engine: str = "single") -> dict:
+    normaliser = Normaliser.choose(plan.objective.loss_agg_mode, deepspeed=engine == "deepspeed")
     return {
         "model": {"key": plan.model_key, "spec": plan.model_spec},
         "method": {"key": plan.method_key, **asdict(plan.objective)},
@@ -351,7 +382,8 @@ def _resolved_config(plan: Plan, config: GRPOConfig) -> dict:
                 "generation_batch_size": config.generation_batch_size,
                 "per_device_train_batch_size": config.per_device_train_batch_size,
                 "num_processes": config.world_size, "loss_type": config.loss_type, "beta": config.beta,
-                "model_dtype": str(config.model_init_kwargs["dtype"]).removeprefix("torch."), "bf16": config.bf16},
+                "model_dtype": str(config.model_init_kwargs["dtype"]).removeprefix("torch."), "bf16": config.bf16,
+                "engine": engine, "normaliser": normaliser.value},  # the report footnotes estimated normalisers
     }
 
 
@@ -370,8 +402,9 @@ def train(plan: Plan, out: str | os.PathLike, *, restart: bool = False) -> Path:
 
 def _train(plan: Plan, out: Path, restart: bool) -> Path:
     state = process_state()
-    config = grpo_config(plan, out, state.num_processes, deepspeed=state.distributed_type.value == "DEEPSPEED")
-    rundir.claim(out, _resolved_config(plan, config), restart=restart)  # before any model loads
+    engine = training_engine()
+    config = grpo_config(plan, out, state.num_processes, deepspeed=engine == "deepspeed")
+    rundir.claim(out, _resolved_config(plan, config, engine), restart=restart)  # before any model loads
     if rundir.verify_final(out, config.max_steps):
         log.warning("%s/final exists: the run is complete, nothing to do", out)
         return out / "final"

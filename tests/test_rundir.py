@@ -330,6 +330,10 @@ def test_which_changes_mix_two_configs():
     assert rundir.config_changes(a, {**a, "train": {**a["train"], "prompt": "stripped"}}) == []
     assert rundir.config_changes(a, {**a, "train": {**a["train"], "prompt": "justrl_raw"}}) == [
         "train.prompt: '<absent>' (run) -> 'justrl_raw' (now)"]
+    recorded = {**a, "trl": {"engine": "fsdp", "normaliser": "exact_rescale"}}
+    assert rundir.config_changes(a, recorded) == []  # not recorded before: follows from the launch
+    assert rundir.config_changes(recorded, {**a, "trl": {"engine": "deepspeed", "normaliser": "exact_rescale"}}) == [
+        "trl.engine: 'fsdp' (run) -> 'deepspeed' (now)"]
 
 
 def test_max_steps_changes_compare_optimiser_steps_with_the_checkpoints():

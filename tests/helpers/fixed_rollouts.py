@@ -5,10 +5,22 @@ trainer except two things a test must pin down to compare runs with different pr
 - ``GRPOTrainer._generate_single_turn`` returns completions drawn from a RNG keyed by (generation call, GLOBAL
   sample index = rank × local batch + position), so every sample is the same whatever the process count;
 - reward ``coin``: a deterministic ±1 from the completion text (a random model never solves a problem).
+
+FSDP on CPU: accelerate enables FSDP only for accelerator device types (AcceleratorState turns an FSDP launch on
+CPU ranks into MULTI_CPU, plain data parallel), although torch's FSDP2 runs on CPU over gloo. Under an FSDP launch
+(``ACCELERATE_USE_FSDP=true``) on CPU ranks this launcher lifts that one gate — the state becomes FSDP with the
+launch's plugin, as it would on GPUs — so everything downstream (accelerate's fully_shard wrapping, transformers'
+and TRL's FSDP branches, the trainer's engine detection) is the real FSDP path.
+
+With ``STAPO_TEST_GRAD_DUMP=<file>`` it also saves the first optimiser step's gradient as the optimiser will see
+it — after the trainer's normaliser rescale (``_close_window``), before clipping — unsharded (an FSDP2 shard is a
+DTensor: ``full_tensor()``, a collective every rank enters), with the engine and each rank's token counts.
+``STAPO_TEST_NORMALISER=<Normaliser value>`` forces the trainer's normaliser (e.g. DeepSpeed's estimate under FSDP).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import zlib
@@ -17,10 +29,13 @@ import torch
 
 torch.set_num_threads(1)
 
+from accelerate.state import AcceleratorState, PartialState  # noqa: E402
+from accelerate.utils import DistributedType  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
 from stapo import cli  # noqa: E402
 from stapo.rewards import REWARDS  # noqa: E402
+from stapo.trainer import Normaliser, StapoGRPOTrainer  # noqa: E402
 
 
 def fixed_completions(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -40,8 +55,55 @@ def coin(prompts=None, completions=None, **kwargs):
     return [1.0 if zlib.crc32(str(c).encode()) % 2 else -1.0 for c in completions]
 
 
+def fsdp_on_cpu(init):
+    def wrapped(self, *args, fsdp_plugin=None, **kwargs):
+        init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if self.distributed_type == DistributedType.MULTI_CPU and fsdp_plugin is not None:  # what a GPU run does:
+            self.distributed_type, self.fsdp_plugin = DistributedType.FSDP, fsdp_plugin
+            if self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    return wrapped
+
+
+def dump_first_step_gradient(close_window, path: str):
+    def wrapped(self, model):
+        local = torch.stack([self._window.tokens, self._window.kept])  # this rank's completion / kept tokens
+        close_window(self, model)
+        if getattr(self, "_grad_dumped", False):
+            return
+        self._grad_dumped = True
+        from torch.distributed.tensor import DTensor
+
+        sharded, grads = False, {}
+        for name, p in model.named_parameters():
+            if p.grad is not None:
+                sharded |= isinstance(p.grad, DTensor)
+                grads[name] = (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
+        per_rank = self.accelerator.gather(local.reshape(1, 2)).tolist()
+        plugin = getattr(self.accelerator.state, "fsdp_plugin", None)
+        if self.accelerator.is_main_process:
+            torch.save({"grads": grads, "engine": self.accelerator.distributed_type.value, "sharded": sharded,
+                        "fsdp_version": getattr(plugin, "fsdp_version", None), "normaliser": self._normaliser.value,
+                        "reduce_dtype": str(getattr(getattr(plugin, "mixed_precision_policy", None), "reduce_dtype",
+                                                    None)),
+                        "tokens_per_rank": [t for t, _ in per_rank], "kept_per_rank": [k for _, k in per_rank]},
+                       path)
+
+    return wrapped
+
+
 GRPOTrainer._generate_single_turn = fixed_completions
 REWARDS["coin"] = coin
+if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not torch.cuda.is_available():
+    AcceleratorState.__init__ = fsdp_on_cpu(AcceleratorState.__init__)
+if os.environ.get("STAPO_TEST_NORMALISER"):
+    _forced = Normaliser(os.environ["STAPO_TEST_NORMALISER"])
+    Normaliser.choose = classmethod(lambda cls, *args, **kwargs: _forced)
+if os.environ.get("STAPO_TEST_GRAD_DUMP"):
+    StapoGRPOTrainer._close_window = dump_first_step_gradient(StapoGRPOTrainer._close_window,
+                                                              os.environ["STAPO_TEST_GRAD_DUMP"])
 
 if __name__ == "__main__":
     sys.exit(cli.main(sys.argv[1:]))
