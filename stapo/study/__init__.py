@@ -63,7 +63,8 @@ class ModelEntry:
     Attributes:
         spec: hub id, local directory or ``bundled:<name>[?options]`` (stapo.models.resolve_model).
         gpus: GPUs (processes) of one training job; 0 = CPU; > 1 launches through ``accelerate``.
-        accelerate_config: accelerate / DeepSpeed config file, required when gpus > 1.
+        accelerate_config: accelerate config file (FSDP2, configs/accelerate/fsdp*.yaml; or DeepSpeed), required when
+            gpus > 1.
         eval_gpus: GPUs of one evaluation job (None: 1 if gpus > 0 else 0).
         train_cpus, eval_cpus: CPUs of one training / evaluation job (None: ``workflow.threads`` per process,
             one process per GPU: threads × max(1, GPUs)).

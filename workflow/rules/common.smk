@@ -172,7 +172,7 @@ def eval_gpus(wildcards):
 
 
 def train_launcher(wildcards):
-    """`stapo` on one device; `accelerate launch` (the model's DeepSpeed config) on several GPUs."""
+    """`stapo` on one device; `accelerate launch` (its accelerate config: FSDP2 or DeepSpeed) on several GPUs."""
     entry = STUDY.models[wildcards.model]
     if entry.gpus <= 1:
         return "stapo"
