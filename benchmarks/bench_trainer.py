@@ -16,6 +16,14 @@ for every variant, and stapo's mini-batch thresholds (quantile_scope: mini_batch
 
     python benchmarks/bench_trainer.py [--rounds 3] [--steps 4] [--model bundled:tiny-qwen3]
 
+Measured 2026-12-04 after issue 19 (named protocols: loss_agg_mode / quantile_scope values, FSDP engine detection,
+train.prompt, report_to; the default protocol token-mean + mini_batch), quiet machine, --rounds 2 --steps 3
+--variants trl-dapo,stapo-justrl,stapo-stapo (4 timed training steps each):
+    variant        median step s  ratio  peak RSS MB  ratio
+    trl-dapo              29.073  1.000         1696  1.000
+    stapo-justrl          30.256  1.041         1667  0.983
+    stapo-stapo           30.118  1.036         1685  0.993
+
 Measured 2026-12-02 after the step-unit / mini-batch-scope change (a timed step = one rollout batch and its 2
 updates; stapo with quantile_scope mini_batch), quiet machine (load ~1), --rounds 3 --steps 3 --variants
 trl-dapo,stapo-justrl,stapo-stapo (6 timed training steps each; step times spread ±10 % between trials):
