@@ -47,7 +47,8 @@ def _recipe(tmp: Path, method_overrides: dict, name: str = "recipe", **train) ->
     recipe["train"].update(dataset={"name": "synthetic-arith", "n": 16, "difficulty": 1, "seed": 0}, reward="coin",
                            max_steps=2, save_steps=2, learning_rate=1e-3, warmup_steps=0, prompts_per_generation=2,
                            num_generations=4, prompts_per_step=2, per_device_train_batch_size=2,
-                           max_completion_length=8, diagnostics_every=0)
+                           max_completion_length=8, diagnostics_every=0,
+                           worked_example=None)  # the paper's bare prompts (the worked example is SmolLM2's)
     recipe["train"].update(train)
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(recipe))
