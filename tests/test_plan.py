@@ -87,8 +87,8 @@ def test_tiny_study_counts(tmp_path):
     assert jobs.counts() == {"train": 4, "evaluate": 10, "report": 1, "recipe": 4 + 2 + 1, "study_file": 1}
     plan = P.estimate(jobs, config, P.Throughputs(reference_params_b=0.135, rollout_tokens_per_s=100,
                                                   train_tokens_per_s=100, eval_tokens_per_s=100, engine_start_s=0))
-    # arith: limit 10 problems x 1 sample x 64 / 3 tokens at 100 tok/s
-    assert plan["models"]["smollm2-135m"]["eval_gpu_hours"]["final"] == pytest.approx(8 * 10 * 64 / 3 / 100 / 3600)
+    # arith: limit 48 problems x 1 sample x 64 / 3 tokens at 100 tok/s
+    assert plan["models"]["smollm2-135m"]["eval_gpu_hours"]["final"] == pytest.approx(8 * 48 * 64 / 3 / 100 / 3600)
 
 
 def test_errors_name_the_fix(paper, tmp_path):
