@@ -50,7 +50,8 @@ CAPTIONS = {
     "reward": ("training curves", "Training reward (mean) vs training step, every method (several seeds: their "
                "mean, shaded: their range)."),
     "accuracy": ("AIME24 vs step", "Accuracy vs training step on the curve benchmark, per method and sampling "
-                 "setting; step 0 is the base model."),
+                 "setting; step 0 is the base model (several seeds: their mean, shaded: its 95 % CI over seeds "
+                 "and problems)."),
     "silenced": ("spurious-token ratio", "Silenced-token fraction vs step (log scale, positive values only; "
                  "the 1e-4 line is the paper's typical level)."),
     "quadrants": ("gradient norm per quadrant", "Mean closed-form ‖∇ₐJ‖ of positive-advantage tokens per "
@@ -204,14 +205,16 @@ def _accuracy_series(scores: list, metrics: dict, model: str, methods: list[str]
         return Panel("accuracy", (), None, None)
     series = []
     for method in [m for m in methods if m != "base"]:
-        rows = metrics.get((model, method), [])
+        runs = seed_runs(metrics, model, method)  # the seeds share the checkpoint -> step map
+        rows = runs[0] if runs else []
         for setting in settings_order(study, mine):
-            pts = sorted(p for p in ((step_of(s.ckpt, rows), s.accuracy) for s in mine
+            pts = sorted(p for p in ((step_of(s.ckpt, rows), s.accuracy, s.ci_lo, s.ci_hi, s.n_seeds) for s in mine
                                      if s.benchmark == bench and s.setting == setting and s.method in (method, "base"))
                          if p[0] is not None)
             if pts:
-                xs, ys = zip(*pts)
-                series.append(Series(method, xs, ys, variant=setting))
+                xs, ys, lo, hi, n_seeds = zip(*pts)
+                band = max(n_seeds) > 1  # several seeds: the band is each point's 95 % CI (seeds and problems)
+                series.append(Series(method, xs, ys, variant=setting, lo=lo if band else (), hi=hi if band else ()))
     return Panel("accuracy", tuple(series), f"{STEP_LABEL}, 0 = base model",
                  f"{study.label('benchmarks', bench)} accuracy (%)")
 
@@ -277,8 +280,10 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
         variants = list(dict.fromkeys(s.variant for s in panel.series))
         for s in panel.series:
             style = ("-", "--", ":", "-.")[variants.index(s.variant) % 4]
-            ax.plot(s.steps, s.values, style, marker="o", ms=3,
-                    label=f"{label('methods', s.method)} {label('settings', s.variant)}")
+            line, = ax.plot(s.steps, s.values, style, marker="o", ms=3,
+                            label=f"{label('methods', s.method)} {label('settings', s.variant)}")
+            if s.lo:
+                ax.fill_between(s.steps, s.lo, s.hi, color=line.get_color(), alpha=0.12, lw=0)
     elif kind == "quadrants":
         width = 0.8 / max(1, len(panel.series))
         for j, s in enumerate(panel.series):

@@ -48,3 +48,21 @@ def test_band_is_drawn(tmp_path):
     fig = draw_figure("entropy", "m", [], METRICS, ["justrl", "stapo"])
     bands = [c for c in fig.axes[0].collections if c.__class__.__name__ == "FillBetweenPolyCollection"]
     assert len(bands) == 1  # stapo's three seeds; justrl's one run has none
+
+
+def test_accuracy_curve_of_several_seeds_maps_checkpoints_through_a_seeds_metrics_with_the_ci_band():
+    from stapo.report import Score
+
+    def score(method, ckpt, acc, lo, hi, n_seeds):
+        return Score("m", method, ckpt, "arith", "t1.0_p1.0", acc, lo, hi, n_seeds=n_seeds)
+
+    scores = [score("base", "base", 30.0, 20.0, 40.0, 1),
+              score("stapo", "checkpoint-2", 50.0, 41.0, 58.0, 3),   # the across-seed cells (stapo.report)
+              score("stapo", "final", 60.0, 52.0, 67.0, 3)]
+    s = figure_series("accuracy", "m", scores, METRICS, ["stapo"]).of("stapo", "t1.0_p1.0")
+    assert s.steps == (0, 2, 3)  # checkpoint-2 is step 2 of seed 0's metrics; final its last step
+    assert s.values == (30.0, 50.0, 60.0) and s.lo == (20.0, 41.0, 52.0) and s.hi == (40.0, 58.0, 67.0)
+    one_seed = figure_series("accuracy", "m", [score("base", "base", 30.0, 20.0, 40.0, 1),
+                                               score("justrl", "final", 45.0, 35.0, 55.0, 1)], METRICS, ["justrl"])
+    justrl = one_seed.of("justrl", "t1.0_p1.0")
+    assert justrl.steps == (0, 3) and justrl.lo == ()  # one run: no band
