@@ -244,3 +244,16 @@ def test_eval_section_lists_what_the_study_evaluates():
     assert section.hf == {"batch_size": 2, "dtype": "float32"} and list(section.settings) == list(names.SETTINGS)
     with pytest.raises(ValueError, match="eval.benchmarks.math500.samples"):
         study.EvalSection.from_dict({"benchmarks": {"math500": {"samples": 0}}})
+
+
+def test_a_number_left_a_string_by_snakemake_config_says_how_to_override():
+    """snakemake --config 'workflow={seeds: [0,1,2]}' hands the study strings; the error says what to do instead."""
+    config = copy.deepcopy(TINY)
+    config["workflow"]["seeds"] = ["0", "1", "2"]
+    with pytest.raises(study.StudyError, match=r"workflow.seeds.\d: '\d' is not of type 'integer'; snakemake --config "
+                                               r"reads values nested in \{...\} as strings: .* second --configfile"):
+        study.check_schema(config)
+    config["workflow"]["seeds"] = ["zero"]  # a plain wrong value: no hint
+    with pytest.raises(study.StudyError) as err:
+        study.check_schema(config)
+    assert "is not of type 'integer'" in str(err.value) and "snakemake --config" not in str(err.value)

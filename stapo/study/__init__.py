@@ -272,7 +272,19 @@ def _message(err) -> str:
         return f"{path}: {err.message[:_MAX]}" if path else err.message[:_MAX]
     if err.validator == "required":
         return f"{path or 'top level'}: {err.message}"
-    return f"{path or 'top level'}: {err.message[:_MAX]}"
+    hint = ""
+    if err.validator == "type" and isinstance(err.instance, str) and _is_yaml_scalar(err.instance):
+        hint = ("; snakemake --config reads values nested in {...} as strings: put the override in a file and "
+                "add it with a second --configfile")
+    return f"{path or 'top level'}: {err.message[:_MAX]}{hint}"
+
+
+def _is_yaml_scalar(text: str) -> bool:
+    """Whether ``text`` reads as a YAML number or boolean (a value snakemake's --config left a string)."""
+    try:
+        return isinstance(yaml.safe_load(text), (int, float, bool))
+    except yaml.YAMLError:
+        return False
 
 
 def study_schema() -> dict:
