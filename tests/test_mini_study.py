@@ -1,0 +1,56 @@
+"""``make mini-study`` (benchmarks/mini_study.py over configs/mini-study.yaml): what it plans, and the docs folder it
+writes from a finished study (the 2-hour run itself is not a test: its outputs are committed in docs/mini-study/)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from test_workflow import REPO, TINY, job_counts, snakemake
+
+MINI = REPO / "configs" / "mini-study.yaml"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("mini_study", REPO / "benchmarks" / "mini_study.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mini_study_plans_4_methods_x_3_seeds_and_their_curve(tmp_path):
+    res = snakemake("-n", "--quiet", "rules", "--configfile", TINY, MINI, "--", "results/table.md", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    # 12 runs; each final on arith at 2 settings + checkpoint-15 at T 1.0 (the accuracy curve) = 36, base 2
+    assert job_counts(res.stdout) == {"train": 12, "evaluate": 12 * 3 + 2, "report": 1}
+
+
+def test_the_command_runs_the_two_configs_in_its_own_resumable_directory(tmp_path):
+    cmd = _script().snakemake_command(tmp_path / "run", "2")
+    assert cmd[cmd.index("--directory") + 1] == str(tmp_path / "run") and "--rerun-incomplete" in cmd
+    files = cmd[cmd.index("--configfile") + 1:cmd.index("--")]
+    assert files == [str(TINY), str(MINI)] and cmd[-1] == "results/table.md"
+
+
+def test_docs_get_the_tables_figures_and_provenance(tmp_path):
+    results = tmp_path / "run" / "results"
+    (results / "figures").mkdir(parents=True)
+    for name in ("table.md", "seeds.md", "scores.csv", "figures.md"):
+        (results / name).write_text(f"{name} body\n")
+    (results / "figures" / "m_entropy.png").write_bytes(b"png")
+    (results / "figures" / "m_entropy.pdf").write_bytes(b"pdf")
+    provenance = {"command": "make mini-study", "snakemake": "snakemake ...", "commit": "abc123", "dirty": False,
+                  "started": "2026-12-04 12:14 UTC", "resumed": True, "cores": 2, "load": "0.1 0.1 0.1",
+                  "wall_min": 101.25}
+    docs = tmp_path / "docs"
+    _script().write_docs(tmp_path / "run", docs, provenance)
+    assert (docs / "seeds.md").read_text() == "seeds.md body\n"
+    assert sorted(p.name for p in (docs / "figures").iterdir()) == ["m_entropy.png"]  # png only
+    run = (docs / "RUN.md").read_text()
+    assert "commit: `abc123`\n" in run and "wall time 101.2 min (resumed: earlier invocations not counted)" in run
+    assert json.loads(run.split("```json\n", 1)[1].split("```", 1)[0]) == provenance
+    (results / "seeds.md").unlink()  # a one-seed study writes no seeds.md: the mini-study must have it
+    with pytest.raises(FileNotFoundError, match=r"results/seeds.md not found"):
+        _script().write_docs(tmp_path / "run", tmp_path / "docs2", provenance)
