@@ -38,8 +38,9 @@ FINAL_COMPLETE = "STAPO_FINAL_COMPLETE"  # final/ manifest, written into the tem
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # Files whose bytes decide what a loaded model generates (weights, their index, config, tokenizer) ...
 MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".model", ".txt", ".jinja")
-# ... except a checkpoint's training state, which only resuming reads
-TRAINING_STATE = ("optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json", "rng_state")
+# ... except a checkpoint's training state, which only resuming reads, and TRL's pickled TrainingArguments, which
+# name the run (output_dir, run_name): two runs that reach the same weights must sample the same completions
+TRAINING_STATE = ("optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json", "rng_state", "training_args.bin")
 _BLOCK = 8 << 20  # bytes per read while hashing
 _THREADS = max(1, min(4, os.cpu_count() or 1))
 

@@ -514,7 +514,14 @@ def test_model_fingerprint_follows_the_weights_not_the_path(tmp_path):
     third = model_fingerprint(str(ckpt))
     (ckpt / "optimizer.pt").write_bytes(b"adam" * 100)  # a checkpoint's training state is not the model's
     (ckpt / "rng_state.pth").write_bytes(b"rng")
+    (ckpt / "training_args.bin").write_bytes(b"output_dir=runs/m/stapo")  # names the run, not the weights
     assert model_fingerprint(str(ckpt)) == third
+    twin = tmp_path / "twin"  # another run (STAPO that silenced nothing = JustRL) that reached the same weights
+    twin.mkdir()
+    for f in ckpt.iterdir():
+        (twin / f.name).write_bytes(f.read_bytes())
+    (twin / "training_args.bin").write_bytes(b"output_dir=runs/m/justrl")
+    assert model_fingerprint(str(twin)) == third  # the same cache keys, so the same seeds and completions
     (ckpt / "notes.md").write_text("irrelevant")
     assert model_fingerprint("Qwen/Qwen3-8B-Base").startswith("Qwen/Qwen3-8B-Base")
 
