@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +48,9 @@ def write_docs(run_dir: Path, docs: Path, provenance: dict) -> None:
         if not (results / name).is_file():
             raise FileNotFoundError(f"{results / name} not found: the study did not write it")
         shutil.copyfile(results / name, docs / name)
+    index = docs / "figures.md"  # only the png files are copied: drop the index's pdf links
+    index.write_text(re.sub(r" · \[pdf\]\(figures/[^)]*\.pdf\)", "", index.read_text(encoding="utf-8")),
+                     encoding="utf-8")
     (docs / "figures").mkdir(exist_ok=True)
     for png in sorted((results / "figures").glob("*.png")):
         shutil.copyfile(png, docs / "figures" / png.name)

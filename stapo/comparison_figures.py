@@ -152,10 +152,13 @@ def entropy_instability(rows: list[dict]) -> float | None:
 
 
 def mean_ci(scores: list) -> tuple[float, float, float]:
-    """Mean accuracy of ``scores`` and its 95 % CI: half-width sqrt(Σ h_i²)/k (independent benchmarks)."""
+    """Mean accuracy of ``scores`` and its 95 % CI: half-width sqrt(Σ h_i²)/k (independent benchmarks), within
+    [0, 100]; one benchmark keeps its own (bootstrap, possibly asymmetric) interval."""
+    if len(scores) == 1:
+        return scores[0].accuracy, scores[0].ci_lo, scores[0].ci_hi
     mean = sum(s.accuracy for s in scores) / len(scores)
     half = math.sqrt(sum(((s.ci_hi - s.ci_lo) / 2) ** 2 for s in scores)) / len(scores)
-    return mean, mean - half, mean + half
+    return mean, max(0.0, mean - half), min(100.0, mean + half)
 
 
 def _finals(scores: list, model: str, study) -> tuple[dict, str | None]:

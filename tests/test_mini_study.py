@@ -37,8 +37,9 @@ def test_the_command_runs_the_two_configs_in_its_own_resumable_directory(tmp_pat
 def test_docs_get_the_tables_figures_and_provenance(tmp_path):
     results = tmp_path / "run" / "results"
     (results / "figures").mkdir(parents=True)
-    for name in ("table.md", "seeds.md", "scores.csv", "figures.md"):
+    for name in ("table.md", "seeds.md", "scores.csv"):
         (results / name).write_text(f"{name} body\n")
+    (results / "figures.md").write_text("- m: [png](figures/m_entropy.png) · [pdf](figures/m_entropy.pdf)\n")
     (results / "figures" / "m_entropy.png").write_bytes(b"png")
     (results / "figures" / "m_entropy.pdf").write_bytes(b"pdf")
     provenance = {"command": "make mini-study", "snakemake": "snakemake ...", "commit": "abc123", "dirty": False,
@@ -48,6 +49,7 @@ def test_docs_get_the_tables_figures_and_provenance(tmp_path):
     _script().write_docs(tmp_path / "run", docs, provenance)
     assert (docs / "seeds.md").read_text() == "seeds.md body\n"
     assert sorted(p.name for p in (docs / "figures").iterdir()) == ["m_entropy.png"]  # png only
+    assert (docs / "figures.md").read_text() == "- m: [png](figures/m_entropy.png)\n"  # no link to a missing pdf
     run = (docs / "RUN.md").read_text()
     assert "commit: `abc123`\n" in run and "wall time 101.2 min (resumed: earlier invocations not counted)" in run
     assert json.loads(run.split("```json\n", 1)[1].split("```", 1)[0]) == provenance

@@ -422,3 +422,16 @@ def test_report_follows_the_study_settings_benchmarks_labels_and_curve(tmp_path)
     assert [s.variant for s in panel.series] == list(settings)  # the study's order of settings
     assert panel.of("stapo_b", "t0.6_p0.95").values == (17.0, 37.0, 38.0)  # base, checkpoint-2, final
     assert study.label("settings", "t0.6_p0.95") == "T0.6/p0.95"
+
+
+def test_row_average_ci_stays_within_0_and_100_and_one_benchmark_keeps_its_own():
+    from stapo.comparison_figures import mean_ci
+
+    def score(acc, lo, hi):
+        return report.Score("m", "stapo", "final", "arith", "t1.0_p1.0", acc, lo, hi)
+
+    assert mean_ci([score(95.8, 89.6, 100.0)]) == (95.8, 89.6, 100.0)  # not 95.8 ± 5.2 = [90.6, 101.0]
+    mean, lo, hi = mean_ci([score(98.0, 92.0, 100.0), score(99.0, 95.0, 100.0)])
+    half = ((4.0 ** 2 + 2.5 ** 2) ** 0.5) / 2  # 2.36: 98.5 + 2.36 would pass 100
+    assert mean == pytest.approx(98.5) and lo == pytest.approx(98.5 - half) and hi == 100.0
+    assert mean_ci([score(1.0, 0.0, 4.0), score(0.0, 0.0, 2.0)])[1] == 0.0
