@@ -34,7 +34,7 @@ demo: $(STAMP)
 	  -- results/table.md
 
 # make mini-study [MINI_DIR=mini-study-run]: the miniature with 4 methods x 3 seeds x 30 steps (configs/mini-study.yaml
-# over configs/tiny.yaml) in its own directory, resumable; ~1.5-2 h on 2 cores. Writes docs/mini-study/ (table, per-seed
+# over configs/tiny.yaml) in its own directory, resumable; 86 min on 2 quiet cores. Writes docs/mini-study/ (table, per-seed
 # numbers and paired differences, figures, RUN.md with the command, commit and wall time).
 MINI_DIR ?= mini-study-run
 mini-study: $(STAMP)

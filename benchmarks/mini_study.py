@@ -75,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = snakemake_command(run_dir, args.cores)
     resumed = any(run_dir.glob("runs/*/*/seed*/final"))
     provenance = {"command": f"make mini-study  # python benchmarks/mini_study.py --dir {args.dir} --docs {docs}",
-                  "snakemake": " ".join(Path(c).name if i == 0 else os.path.relpath(c, ROOT) if c.startswith(
-                      str(ROOT)) else c for i, c in enumerate(cmd)),
+                  "snakemake": " ".join(["snakemake", *cmd[1:]]).replace(f"{ROOT}{os.sep}", ""),
                   "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "stapo",
                                                                        "workflow", "configs", "Snakefile")),
                   "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "resumed": resumed,
