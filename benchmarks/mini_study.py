@@ -40,6 +40,11 @@ def snakemake_command(run_dir: Path, cores: str) -> list[str]:
             "--", "results/table.md"]
 
 
+def has_earlier_work(run_dir: Path) -> bool:
+    """Whether an earlier invocation left training or evaluation outputs in ``run_dir`` (this one resumes it)."""
+    return any(any((run_dir / d).glob("*")) for d in ("runs", "scores"))
+
+
 def write_docs(run_dir: Path, docs: Path, provenance: dict) -> None:
     """Copy the study's table, seeds table, scores and figures into ``docs`` and write RUN.md."""
     results = run_dir / "results"
@@ -73,12 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     run_dir, docs = Path(args.dir).resolve(), Path(args.docs)
     cmd = snakemake_command(run_dir, args.cores)
-    resumed = any(run_dir.glob("runs/*/*/seed*/final"))
     provenance = {"command": f"make mini-study  # python benchmarks/mini_study.py --dir {args.dir} --docs {docs}",
                   "snakemake": " ".join(["snakemake", *cmd[1:]]).replace(f"{ROOT}{os.sep}", ""),
                   "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "stapo",
                                                                        "workflow", "configs", "Snakefile")),
-                  "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "resumed": resumed,
+                  "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                  "resumed": has_earlier_work(run_dir),
                   "cores": os.cpu_count(), "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
     start = time.monotonic()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",

@@ -34,6 +34,16 @@ def test_the_command_runs_the_two_configs_in_its_own_resumable_directory(tmp_pat
     assert files == [str(TINY), str(MINI)] and cmd[-1] == "results/table.md"
 
 
+def test_a_run_killed_before_any_final_model_counts_as_resumed(tmp_path):
+    has_earlier_work = _script().has_earlier_work
+    assert not has_earlier_work(tmp_path)
+    (tmp_path / "runs" / "m" / "stapo" / "seed0" / "checkpoint-15").mkdir(parents=True)  # killed at step 20
+    assert has_earlier_work(tmp_path)
+    assert not has_earlier_work(tmp_path / "scores-only")
+    (tmp_path / "scores-only" / "scores" / "m").mkdir(parents=True)  # the base model's evaluation ran first
+    assert has_earlier_work(tmp_path / "scores-only")
+
+
 def test_docs_get_the_tables_figures_and_provenance(tmp_path):
     results = tmp_path / "run" / "results"
     (results / "figures").mkdir(parents=True)
