@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -116,6 +117,9 @@ def _tiny_size(query: str) -> dict:
     return size
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")  # huggingface_hub's repo id characters
+
+
 def check_spec(spec: str) -> None:
     """Raise (ValueError / FileNotFoundError naming the spec) if ``spec`` cannot name a model; builds nothing."""
     if spec.startswith("bundled:"):
@@ -131,8 +135,9 @@ def check_spec(spec: str) -> None:
         if not (Path(spec) / "config.json").exists():
             raise FileNotFoundError(f"model: {spec} exists but has no config.json (not an HF model directory)")
         return
-    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
-        raise FileNotFoundError(f"model: {spec!r} is neither a local model directory nor a hub id (owner/name)")
+    if spec.startswith((".", "/", "~")) or not HUB_ID.fullmatch(spec) or ".." in spec:
+        raise FileNotFoundError(f"model: {spec!r} is neither a local model directory nor a hub id (owner/name of "
+                                "letters, digits, _ . -)")
 
 
 def resolve_model(spec: str) -> str:

@@ -254,14 +254,25 @@ def config_changes(started: dict, now: dict, *, last_step: int = 0) -> list[str]
     return changes
 
 
+def is_run_entry(name: str) -> bool:
+    """Whether ``name`` in a run directory is something a run writes (config, logs, checkpoints, final, TensorBoard
+    events); --restart moves only these, so a run directory pointed at the wrong place moves nobody else's files."""
+    return (name in (CONFIG, *LOGS, "final", ".final.tmp", "runs") or name.startswith(("checkpoint-", "final.")))
+
+
 def _supersede(out: Path) -> Path:
-    """Move everything of the old run into ``out/superseded-<UTC time>/`` (kept for the user to inspect/delete)."""
+    """Move the old run's own entries (:func:`is_run_entry`) into ``out/superseded-<UTC time>/`` (kept for the
+    user to inspect/delete); the lock stays (this process holds it), and so does anything the run did not write."""
     dest = out / time.strftime("superseded-%Y%m%dT%H%M%SZ", time.gmtime())
     dest.mkdir()
-    for path in list(out.iterdir()):  # the lock stays: the process holding it is this one
-        if path != dest and not path.name.startswith("superseded-") and path.name != RUN_LOCK:
+    foreign = []
+    for path in list(out.iterdir()):
+        if is_run_entry(path.name):
             os.replace(path, dest / path.name)
-    log.warning("--restart: moved the previous run to %s", dest)
+        elif path != dest and not path.name.startswith("superseded-") and path.name != RUN_LOCK:
+            foreign.append(path.name)
+    log.warning("--restart: moved the previous run to %s%s", dest,
+                f"; left {len(foreign)} entries no run writes ({', '.join(sorted(foreign)[:5])})" if foreign else "")
     return dest
 
 

@@ -314,6 +314,20 @@ def test_restart_moves_the_old_run_aside(tmp_path, no_training):
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["train"]["learning_rate"] == 3e-5
 
 
+def test_restart_moves_only_what_a_run_writes(tmp_path, no_training):
+    """A run directory pointed at a place with other files (a model key '..' once made it the package directory):
+    --restart moves the run's own entries and leaves the rest where it is."""
+    (tmp_path / "__init__.py").write_text("code\n")
+    (tmp_path / "notes").mkdir()
+    started(tmp_path, tiny_plan(learning_rate=1e-5))
+    fake_checkpoint(tmp_path, 2)
+    with pytest.raises(AssertionError, match="build_trainer called"):
+        T.train(tiny_plan(learning_rate=3e-5), tmp_path, restart=True)
+    (old,) = tmp_path.glob("superseded-*")
+    assert sorted(p.name for p in old.iterdir()) == ["checkpoint-2", "config.yaml"]
+    assert (tmp_path / "__init__.py").read_text() == "code\n" and (tmp_path / "notes").is_dir()
+
+
 def test_which_changes_mix_two_configs():
     a = {"model": {"spec": "m"}, "train": {"learning_rate": 1e-6, "max_steps": 8, "save_steps": 4,
                                            "lr_scheduler_type": "constant_with_warmup"}}

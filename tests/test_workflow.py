@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -159,6 +160,49 @@ def test_schema_rejects_bad_key_before_any_job(tmp_path, patch, message):
     (line,) = res.stderr.strip().splitlines()
     assert line.startswith(f"stapo config error: config ({PAPER}, {bad}): {message}"), out[-2000:]
     assert "Failed validating" not in out and "Building DAG" not in out
+
+
+HOSTILE = ["a&touch INJECTED&b", "x;touch INJECTED", "$(touch INJECTED)", "`touch INJECTED`", "it's \"q\" > INJECTED",
+           "two  spaces\tand|pipe"]
+FAKE_STAPO = """#!{python}
+import json, os, sys
+from pathlib import Path
+args = sys.argv[1:]
+with open(os.environ["STAPO_ARGV_LOG"], "a") as log:
+    log.write(json.dumps(args) + "\\n")
+out = Path(args[args.index("--out") + 1])
+out.write_text("")
+out.with_name(out.name[: -len(".jsonl")] + ".summary.json").write_text("{{}}")
+"""
+
+
+def test_hostile_model_specs_reach_the_job_as_one_argument(tmp_path):
+    """Every value a rule puts into a shell line is quoted: model specs (local directories named to inject, and the
+    documented bundled:tiny-qwen3?layers=2&hidden=64) arrive as one argv entry, and nothing else runs. A stand-in
+    `stapo` on PATH records its argv and writes the job's outputs."""
+    specs = [str(tmp_path / "models" / name) for name in HOSTILE] + ["bundled:tiny-qwen3?layers=2&hidden=64"]
+    for spec in specs[:-1]:
+        Path(spec).mkdir(parents=True)
+        (Path(spec) / "config.json").write_text("{}")
+    fake = tmp_path / "bin" / "stapo"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_STAPO.format(python=sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    study = yaml.safe_load(TINY.read_text())
+    study["models"] = {f"m{i}": {"spec": spec} for i, spec in enumerate(specs)}
+    study["workflow"]["models"] = None
+    study["eval"]["settings"] = {"t1.0_p1.0": {"temperature": 1.0, "top_p": 1.0}}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    targets = [f"scores/m{i}/base/base/arith/t1.0_p1.0.summary.json" for i in range(len(specs))]
+    log = tmp_path / "argv.jsonl"
+    res = snakemake("--cores", "1", "--configfile", tmp_path / "study.yaml", "--", *targets, cwd=tmp_path,
+                    env={"PATH": f"{fake.parent}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}",
+                         "STAPO_ARGV_LOG": str(log)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted(c[c.index("--model") + 1] for c in calls) == sorted(specs)
+    assert all(c[0] == "eval" and len(c) == len(calls[0]) for c in calls)
+    assert not list(tmp_path.rglob("INJECTED")) and not (REPO / "INJECTED").exists()
 
 
 def _planned_recipe(cwd: Path, *config_args) -> str:

@@ -30,6 +30,7 @@ import yaml
 
 from stapo import names
 from stapo.errors import UserError
+from stapo.limits import BOUNDS, MAX_CURVE_POINTS, MAX_SEEDS, MAX_YAML_BYTES, check_tree
 from stapo.methods import METHODS
 from stapo.models import check_spec
 from stapo.schedule import optimizer_steps_per_rollout
@@ -246,8 +247,14 @@ def load(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not path.is_file():
         raise StudyError(f"{path}: file not found")
+    size = path.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise StudyError(f"{path}: {size:,} bytes; a study file is at most {MAX_YAML_BYTES:,} (configs/paper.yaml: "
+                         "9 KB)")
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise StudyError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -268,10 +275,14 @@ def _message(err) -> str:
         unknown = sorted(set(err.instance) - set(allowed))
         key = f"{path}.{unknown[0]}" if path and unknown else (unknown[0] if unknown else path)
         return f"{key}: unknown key" + (f"; expected one of {allowed}" if allowed else "")
-    if err.validator == "propertyNames":
-        return f"{path}: {err.message[:_MAX]}" if path else err.message[:_MAX]
+    if "propertyNames" in err.schema_path:  # a key, not a value
+        why = err.schema.get("$comment") if err.validator == "pattern" else None
+        message = err.message[:_MAX] + (f" ({why})" if why else "")
+        return f"{path}: {message}" if path else message
     if err.validator == "required":
         return f"{path or 'top level'}: {err.message}"
+    if err.validator in ("maximum", "minimum", "maxItems") and "$comment" in err.schema:
+        return f"{path or 'top level'}: {err.message[:_MAX]} ({err.schema['$comment']})"
     hint = ""
     if err.validator == "type" and isinstance(err.instance, str) and _is_yaml_scalar(err.instance):
         hint = ("; snakemake --config reads values nested in {...} as strings: put the override in a file and "
@@ -292,7 +303,27 @@ def study_schema() -> dict:
     schema = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
     methods = schema["properties"]["methods"]["additionalProperties"]["properties"]
     methods["objective"]["enum"] = list(METHODS)
+    _bound_numbers(schema)
+    seeds = schema["properties"]["workflow"]["properties"]["seeds"]
+    seeds["items"].update(maximum=BOUNDS["seed"].maximum, **{"$comment": BOUNDS["seed"].why})
+    seeds["maxItems"] = MAX_SEEDS
     return schema
+
+
+def _bound_numbers(node) -> None:
+    """Every integer / number property of the schema named in stapo.limits.BOUNDS gets that bound (the reason as
+    its ``$comment``, which :func:`_message` quotes)."""
+    if not isinstance(node, dict):
+        return
+    for name, sub in (node.get("properties") or {}).items():
+        types = sub.get("type") if isinstance(sub, dict) else None
+        types = types if isinstance(types, list) else [types]
+        if name in BOUNDS and {"integer", "number"} & set(types):
+            bound = BOUNDS[name]
+            sub.update(minimum=bound.minimum, maximum=bound.maximum, **{"$comment": bound.why})
+        _bound_numbers(sub)
+    for key in ("additionalProperties", "items"):
+        _bound_numbers(node.get(key))
 
 
 def check_schema(config: dict, *, source: str = "config", required: tuple[str, ...] | None = None) -> None:
@@ -356,6 +387,7 @@ def parse(config: dict, *, source: str = "config", required: tuple[str, ...] | N
     section with the model's overrides, and the TRL batch split for the model's GPUs) and the workflow's curve
     checkpoints. Without it, :meth:`Study.plan` still checks the run it resolves.
     """
+    _checked(source, lambda: check_tree(config))  # before anything walks it: aliases expanded, NaN
     check_schema(config, source=source, required=required)
     study = Study(
         name=str(config.get("study", "study")),
@@ -400,9 +432,11 @@ def kept_checkpoints(settings: TrainSettings) -> list[int]:
     """TRL optimiser steps of the ``checkpoint-<N>`` a finished run still holds: one every ``save_steps`` rollout
     steps and one at ``max_steps`` (HF's Trainer saves at the end too), the newest ``save_total_limit`` of them."""
     k = optimizer_steps_per_rollout(settings)
-    steps = sorted({*range(settings.save_steps, settings.max_steps + 1, settings.save_steps), settings.max_steps})
-    if settings.save_total_limit:
-        steps = steps[-settings.save_total_limit:]
+    every, last = settings.save_steps, settings.max_steps
+    saves = last // every + (last % every != 0)  # the periodic saves, and one at max_steps unless it is one
+    newest = min(saves, settings.save_total_limit or saves)  # the tail only: never one entry per save of the run
+    steps = [last] if last % every else []
+    steps = [every * i for i in range(last // every - newest + len(steps) + 1, last // every + 1)] + steps
     return [n * k for n in steps]
 
 
@@ -411,19 +445,21 @@ def _check_evaluated_checkpoints(study: Study, model: str) -> None:
     saves and still holds when its evaluations start (after final/)."""
     settings = study.train_settings(model)
     kept = kept_checkpoints(settings)
+    kept_set = set(kept)
     named = [("workflow.checkpoints", c) for c in study.workflow.checkpoints if c != "final"]
     named += [("workflow.eval_every", c) for c in curve_checkpoints(study, model)]
     for key, ckpt in named:
         n = int(ckpt.removeprefix("checkpoint-"))
-        if n in kept:
+        if n in kept_set:
             continue
         k = optimizer_steps_per_rollout(settings)
         saved = n % (settings.save_steps * k) == 0 and 0 < n <= settings.max_steps * k
         why = (f"train.save_total_limit ({settings.save_total_limit}) deletes it before the evaluations run"
                if saved else f"train.save_steps {settings.save_steps} × {k} optimiser steps per rollout step up "
                f"to train.max_steps {settings.max_steps} never saves it")
+        shown = ", ".join(f"checkpoint-{m}" for m in kept[-6:])
         raise ValueError(f"{key}: {ckpt} of models.{model} will not exist: {why}; the run keeps "
-                         f"{', '.join(f'checkpoint-{m}' for m in kept)}")
+                         + (shown if len(kept) <= 6 else f"{len(kept):,} checkpoints, the newest {shown}"))
 
 
 def _check_data_dir(study: Study) -> None:
@@ -463,5 +499,10 @@ def curve_checkpoints(study: Study, model: str) -> list[str]:
     if every % train.save_steps:
         raise ValueError(f"workflow.eval_every ({every}) must be a multiple of train.save_steps "
                          f"({train.save_steps}): only saved checkpoints can be evaluated")
+    points = (train.max_steps - 1) // every
+    if points > MAX_CURVE_POINTS:
+        raise ValueError(f"workflow.eval_every ({every}) puts {points:,} checkpoints of train.max_steps "
+                         f"{train.max_steps:,} on the accuracy curve; at most {MAX_CURVE_POINTS:,} (the paper's "
+                         "has 150): raise eval_every")
     k = optimizer_steps_per_rollout(train)
     return [f"checkpoint-{n * k}" for n in range(every, train.max_steps, every)]

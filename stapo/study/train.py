@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from stapo.data import TRAIN_PROMPTS, DatasetError, check_worked_example, validate_source
+from stapo.limits import BOUNDS, check_bound
 from stapo.rewards import REWARDS
 
 __all__ = ["TrainSettings", "train_settings", "accumulation"]
@@ -118,6 +119,9 @@ def _validate(s: TrainSettings, where: str) -> None:
         value = getattr(s, key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{where}.{key}: must be a positive integer, got {value!r}")
+    for f in dataclasses.fields(s):  # every number that sizes work or diverges, within stapo.limits' bound
+        if f.name in BOUNDS:
+            check_bound(f.name, getattr(s, f.name), f"{where}.{f.name}")
     if s.num_generations < 2:
         raise ValueError(f"{where}.num_generations: must be >= 2 (advantages are normalised within each prompt's "
                          f"group of rollouts), got {s.num_generations}")

@@ -2,6 +2,7 @@
 import hashlib
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 import json
@@ -176,7 +177,8 @@ def train_launcher(wildcards):
     entry = STUDY.models[wildcards.model]
     if entry.gpus <= 1:
         return "stapo"
-    return f"accelerate launch --config_file {repo_path(entry.accelerate_config)} --num_processes {entry.gpus} -m stapo.cli"
+    config_file = shlex.quote(repo_path(entry.accelerate_config))
+    return f"accelerate launch --config_file {config_file} --num_processes {entry.gpus} -m stapo.cli"
 
 
 def repo_path(path):
@@ -211,7 +213,7 @@ def eval_options(wildcards):
         "--max-new-tokens": bench.max_new_tokens or ev.max_new_tokens,
         "--data-dir": ev.data_dir,
     }
-    return " ".join(f"{k} {v}" for k, v in opts.items() if v is not None)
+    return " ".join(f"{k} {shlex.quote(str(v))}" for k, v in opts.items() if v is not None)  # values from the study
 
 
 for _model in MODELS:

@@ -30,5 +30,5 @@ rule evaluate:
     conda:
         "../envs/stapo.yaml"
     shell:
-        "stapo eval --model {params.model} --benchmark {wildcards.benchmark} --setting {wildcards.setting}"
-        " --out {output.samples} --recipe {input.recipe} {params.options} > {log} 2>&1"
+        "stapo eval --model {params.model:q} --benchmark {wildcards.benchmark:q} --setting {wildcards.setting:q}"
+        " --out {output.samples:q} --recipe {input.recipe:q} {params.options} > {log:q} 2>&1"

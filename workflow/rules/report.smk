@@ -33,5 +33,5 @@ rule report:
     conda:
         "../envs/stapo.yaml"
     shell:
-        "stapo report --scores {params.scores} --runs {params.runs} --out {params.out}"
-        " --config {input.study} > {log} 2>&1"
+        "stapo report --scores {params.scores:q} --runs {params.runs:q} --out {params.out:q}"
+        " --config {input.study:q} > {log:q} 2>&1"

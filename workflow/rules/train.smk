@@ -28,5 +28,5 @@ rule train:
     conda:
         "../envs/stapo.yaml"
     shell:
-        "{params.launcher} train --recipe {input.recipe} --model {wildcards.model}"
-        " --method {params.method}{params.seed} --out {params.run_dir} > {log} 2>&1"
+        "{params.launcher} train --recipe {input.recipe:q} --model {wildcards.model:q}"
+        " --method {params.method:q}{params.seed} --out {params.run_dir:q} > {log:q} 2>&1"
