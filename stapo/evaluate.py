@@ -43,6 +43,7 @@ from pathlib import Path
 from stapo import manifest, study
 from stapo.atomic import atomic_write, atomic_write_json, check_creatable_dir
 from stapo.errors import UserError
+from stapo.limits import BOUNDS, check_bound
 from stapo.lock import Busy, output_lock, run_lock
 from stapo.manifest import COMPLETE, FINAL_COMPLETE
 from stapo.grading import grade
@@ -79,7 +80,8 @@ def load_eval_section(recipe: str | Path | None) -> EvalSection:
 def resolve_config(args: argparse.Namespace) -> EvalConfig:
     """Recipe values, overridden by the command line; unknown benchmark/setting names raise naming the key."""
     section = load_eval_section(args.recipe)
-    _at_least_one(samples=args.samples, limit=args.limit, max_new_tokens=args.max_new_tokens)
+    _within_bounds(samples=args.samples, limit=args.limit, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                   grade_timeout=args.grade_timeout)
     if not args.grade_timeout > 0:
         raise EvalInputError(f"--grade-timeout: must be > 0 seconds, got {args.grade_timeout}")
     if not section.known(args.benchmark):
@@ -117,10 +119,16 @@ class EvalInputError(UserError, ValueError):
     """A bad input found before any model loads; the message (one line) names the file or the key."""
 
 
-def _at_least_one(**values) -> None:
-    for flag, value in values.items():
-        if value is not None and value < 1:
-            raise EvalInputError(f"--{flag.replace('_', '-')}: must be >= 1, got {value}")
+def _within_bounds(**values) -> None:
+    """Each option within its stapo.limits bound (as the same key in a study), before any work is sized from it."""
+    for key, value in values.items():
+        flag = f"--{key.replace('_', '-')}"
+        if value is not None and BOUNDS[key].minimum >= 1 and value < 1:
+            raise EvalInputError(f"{flag}: must be >= 1, got {value}")
+        try:
+            check_bound(key, value, flag)
+        except ValueError as err:
+            raise EvalInputError(str(err)) from None
 
 
 def _check_benchmark_data(cfg: EvalConfig) -> None:

@@ -55,18 +55,24 @@ Stopping: every end-of-turn token of the tokenizer's chat template (Qwen3-Base: 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import math
 import os
+import shutil
 import warnings
+from contextlib import contextmanager
 from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo.data import training_dataset
 from stapo.diagnostics import TokenDiagnostics
+from stapo.errors import UserError
 from stapo import rundir, trl_compat
 from stapo.metrics import MetricsJsonl, StepAccumulator, accuracy_reward
 from stapo.models import end_of_turn_token_ids, resolve_model
@@ -270,6 +276,10 @@ class StapoGRPOTrainer(GRPOTrainer):
                     p.grad.mul_(factor)
         else:
             objective_loss = float(w.loss) / world  # already scaled per micro-batch: the ranks' mean
+        if not math.isfinite(objective_loss):  # before the optimiser step: no NaN reaches the weights
+            raise NonFiniteTraining(f"step {self.state.global_step + 1}: the loss is {objective_loss} "
+                                    f"(train.learning_rate {self.args.learning_rate:g}); nothing of this step "
+                                    "was applied or saved")
         trl_compat.log_metric(self, "objective_loss", objective_loss)
         if self._diagnostics is not None:
             self._diagnostics.end_step(self.state.global_step + 1)  # global_step advances after this step
@@ -412,9 +422,59 @@ def _train(plan: Plan, out: Path, restart: bool) -> Path:
     if resume is not None and rundir.checkpoint_step(resume) >= config.max_steps:
         return rundir.finalize_from_checkpoint(resume, out)
     k = optimizer_steps_per_rollout(plan.settings)
-    trainer = build_trainer(plan, out, callbacks=[MetricsJsonl(out / "metrics.jsonl", k), CheckpointSentinel()])
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    return rundir.save_final(trainer, out)
+    callbacks = [FiniteWeights(plan.settings), MetricsJsonl(out / "metrics.jsonl", k), CheckpointSentinel()]
+    trainer = build_trainer(plan, out, callbacks=callbacks)
+    with disk_full_is_one_line(out):
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        return rundir.save_final(trainer, out)
+
+
+class NonFiniteTraining(UserError):
+    """The loss or the weights stopped being finite numbers: the run stops before it saves them."""
+
+
+class FiniteWeights(TrainerCallback):
+    """After every optimiser step, before anything is saved: the weights are finite, else the run stops in one line
+    naming the step and the learning rate (a diverged run would otherwise train on, save NaN checkpoints and exit
+    0). One pass of ``isfinite`` over the (local shard of the) parameters per step."""
+
+    def __init__(self, settings: TrainSettings):
+        self.learning_rate = settings.learning_rate
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        bad = next((name for name, p in model.named_parameters() if not torch.isfinite(p).all()), None)
+        if bad is not None:
+            last = latest_complete_checkpoint(args.output_dir)
+            raise NonFiniteTraining(
+                f"step {state.global_step}: parameter {bad} is no longer finite (NaN/inf) after the optimiser step; "
+                f"nothing of this step was saved (train.learning_rate {self.learning_rate:g}: lower it); "
+                + (f"the last intact checkpoint is {last}" if last else "no checkpoint was saved yet"))
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether ``err`` (or what caused it) is a write that ran out of space: ENOSPC/EDQUOT, or the way torch's and
+    safetensors' writers report a short write (``unexpected pos 5952 vs 5844``, ``StorageFull``)."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(s in str(err) for s in ("No space left", "StorageFull", "unexpected pos", "Disk quota exceeded")):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+@contextmanager
+def disk_full_is_one_line(out: Path):
+    """A full disk during a checkpoint or final save is one line naming the directory and its free space."""
+    try:
+        yield
+    except Exception as err:  # OSError, torch's RuntimeError, safetensors' SafetensorError ...
+        if not is_disk_full(err):
+            raise
+        free = shutil.disk_usage(out).free / 2**20
+        last = latest_complete_checkpoint(out)
+        raise UserError(f"disk full while writing {out} ({free:,.0f} MiB free there): free space or give another "
+                        f"--out; a rerun resumes from {last or 'the start (no intact checkpoint)'}") from err
 
 
 # ------------------------------------------------------------------------------------------------------ CLI

@@ -473,3 +473,46 @@ def test_report_to_tensorboard_logs_the_step_metrics(tmp_path, coin):
             assert logged[row["step"]] == pytest.approx(row[key], rel=1e-5, abs=1e-6), (tag, logged, row)
     args = json.loads(acc.Tensors("args/text_summary")[0].tensor_proto.string_val[0])
     assert args["run_name"] == "tiny-qwen3/stapo/seed3" and args["report_to"] == ["tensorboard"]
+
+
+# ------------------------------------------------------------------------------ a run that cannot go on (slow)
+
+
+@pytest.mark.slow
+def test_non_finite_weights_stop_the_run_before_any_save(tmp_path, coin, monkeypatch):
+    """A step that leaves a NaN in the weights stops the run with one line (a UserError) and saves nothing of it;
+    a diverged run used to save NaN checkpoints and exit 0."""
+    guard = T.FiniteWeights.on_step_end
+
+    def poisoned(self, args, state, control, model=None, **kwargs):
+        with torch.no_grad():
+            next(model.parameters()).view(-1)[0] = float("nan")
+        return guard(self, args, state, control, model=model, **kwargs)
+
+    monkeypatch.setattr(T.FiniteWeights, "on_step_end", poisoned)
+    plan = study.resolve_plan(tiny_recipe(), "tiny-qwen3", "justrl")
+    with pytest.raises(T.NonFiniteTraining, match=r"^step 1: parameter .+ is no longer finite .+ no checkpoint"):
+        T.train(plan, tmp_path)
+    assert not list(tmp_path.glob("checkpoint-*")) and not (tmp_path / "final").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 6 MiB tmpfs (root only): room for a run's config and metrics, not for a checkpoint of tiny-qwen3."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.slow
+def test_disk_full_during_a_checkpoint_is_one_line(small_disk, coin):
+    plan = study.resolve_plan(tiny_recipe(max_steps=1), "tiny-qwen3", "justrl")
+    with pytest.raises(T.UserError, match=rf"^disk full while writing {small_disk}/run \(\d+ MiB free there\).+"
+                                          r"resumes from the start"):
+        T.train(plan, small_disk / "run")

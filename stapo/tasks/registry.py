@@ -113,25 +113,32 @@ def read_benchmark_file(path: Path) -> list[dict]:
     Checked in full (every line parses, has non-empty id/problem/answer, at least one row) so that ``stapo eval``
     can refuse a bad file before any model loads.
     """
-    rows = []
+    rows, first_line = [], {}
     try:
-        f = open(path, encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as err:
         raise ValueError(f"{path}: cannot read benchmark file ({err.strerror})") from None
-    with f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{line_no}: expected a JSON object with id, problem, answer")
-            missing = sorted(k for k in ("id", "problem", "answer") if row.get(k) is None or str(row[k]).strip() == "")
-            if missing:
-                raise ValueError(f"{path}:{line_no}: missing field(s) {missing}")
-            rows.append({"id": str(row["id"]), "problem": row["problem"], "answer": str(row["answer"])})
+    for line_no, raw in enumerate(data.splitlines(), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}:{line_no}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{line_no}: expected a JSON object with id, problem, answer")
+        missing = sorted(k for k in ("id", "problem", "answer") if row.get(k) is None or str(row[k]).strip() == "")
+        if missing:
+            raise ValueError(f"{path}:{line_no}: missing field(s) {missing}")
+        row_id = str(row["id"])
+        if row_id in first_line:  # scores are keyed by problem id: a repeat would merge two problems
+            raise ValueError(f"{path}:{line_no}: id {row_id!r} repeats line {first_line[row_id]}")
+        first_line[row_id] = line_no
+        rows.append({"id": row_id, "problem": row["problem"], "answer": str(row["answer"])})
     if not rows:
         raise ValueError(f"{path}: benchmark file has no rows")
     return rows
