@@ -34,7 +34,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +47,7 @@ BIN = Path(sys.executable).parent
 TINY = REPO / "configs" / "tiny.yaml"
 MODEL, METHOD = "tiny-qwen3", "stapo"
 TARGET_S = 3.0
+MAX_PEAK_MB = 500  # the bounded cases' peak resident memory (snakemake's own start-up is ~180 MB)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Case:
     args: tuple
     expect: tuple
     needs_model: bool = False
+    bounded: bool = False  # an input that once sized unbounded work: refused within MAX_PEAK_MB, writing nothing
 
 
 def _study(work: Path, name: str, edit=None, **train) -> str:
@@ -109,9 +113,59 @@ def make_fixtures(work: Path) -> None:
                                                     '{"id": "b", "problem": "2+2?"}\n')
     (work / "no_weights").mkdir(exist_ok=True)
     (work / "no_weights" / "config.json").write_text('{"model_type": "qwen3"}')
+    _bounded_fixtures(work)
     (work / "cache").mkdir(exist_ok=True)
     (work / "cache" / "o.jsonl.cache.sqlite").write_bytes(b"not a database" * 100)
     _damaged_final(work / "run")
+
+
+# eval.hf holds 9 levels of 9 aliases: 4.5 KB of YAML, 9^9 values once expanded
+BOMB = "".join(f"    {name}: &{name} [{', '.join([f'*{prev}'] * 9)}]\n" for prev, name in zip("abcdefgh", "bcdefghi"))
+
+
+def _bounded_fixtures(work: Path) -> None:
+    """Inputs that once sized unbounded work or left the study's directories (issue: run integrity III)."""
+    _study(work, "huge_steps.yaml", max_steps=10**12)
+    _study(work, "huge_lr.yaml", learning_rate=1e308)
+    text = (work / "good.yaml").read_text(encoding="utf-8")
+    (work / "nan_lr.yaml").write_text(text.replace("learning_rate: 1.0e-05", "learning_rate: .nan"))
+    bomb = '  hf:\n    a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]\n' + BOMB
+    (work / "bomb.yaml").write_text(text.replace("\neval:\n", "\neval:\n" + bomb, 1))
+    _study(work, "dotdot.yaml", lambda c: c["models"].update({"..": c["models"][MODEL]}) or
+           c["workflow"].update(models=[".."]))
+    (work / "latin1.yaml").write_bytes(text.replace("study: tiny", "study: tiny # caf\u00e9").encode("latin-1"))
+    (work / "dup_ids").mkdir(exist_ok=True)
+    (work / "dup_ids" / "aime24.jsonl").write_text('{"id": "a", "problem": "1+1?", "answer": "2"}\n'
+                                                  '{"id": "a", "problem": "2+2?", "answer": "4"}\n')
+    (work / "latin1_rows").mkdir(exist_ok=True)
+    (work / "latin1_rows" / "aime24.jsonl").write_bytes('{"id": "a", "problem": "caf\u00e9?", "answer": "2"}\n'
+                                                        .encode("latin-1"))
+    cut = work / "cut_weights"
+    cut.mkdir(exist_ok=True)
+    (cut / "config.json").write_text('{"model_type": "qwen3"}')
+    header = json.dumps({"w": {"dtype": "F32", "shape": [256], "data_offsets": [0, 1024]}}).encode()
+    (cut / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(500))
+    _damaged_scores(work / "short_scores", "short")
+    _damaged_scores(work / "mid_line_scores", "mid-line")
+
+
+def _damaged_scores(scores: Path, damage: str) -> None:
+    """A three-seed cell whose seed1 per-sample file was damaged after its summary was written: ``short`` cuts it to
+    half its lines, ``mid-line`` cuts its last line mid-way (and its summary predates the checksum)."""
+    from stapo.scoring import samples_file_digest, summary_of
+
+    for seed in range(3):
+        path = scores / "m" / "stapo" / f"seed{seed}" / "final" / "arith" / "t1.0_p1.0.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = "".join(json.dumps({"problem_id": f"p{p}", "sample": 0, "correct": p % 2 == 0}) + "\n"
+                       for p in range(12)).encode()
+        path.write_bytes(data)
+        summary = {"avg_at_n": 50.0, "ci95": [20.0, 80.0], "n_samples": 1, "problems": 12, "samples": 12}
+        if not (seed == 1 and damage == "mid-line"):
+            summary["samples_file"] = samples_file_digest(data)
+        summary_of(path).write_text(json.dumps(summary))
+        if seed == 1:
+            path.write_bytes(b"".join(data.splitlines(keepends=True)[:6]) if damage == "short" else data[:-10])
 
 
 def _damaged_final(run: Path) -> None:
@@ -258,6 +312,52 @@ CASES = [
          ("eval.data_dir",)),
     Case("snakemake -n: num_generations 1", "snakemake", ("--configfile", "{work}/one_gen.yaml"),
          ("train.num_generations",)),
+    *[Case(what if entry == "stapo" else f"{entry} {what}", entry, args, expect, bounded=True)
+      for entry, what, args, expect in (
+        ("stapo", "train: max_steps 10**12", (*T, "--recipe", "{work}/huge_steps.yaml", "--out", "{work}/bounded"),
+         ("train.max_steps: must be in [1, 1,000,000]",)),
+        ("stapo", "plan: max_steps 10**12", ("plan", "--configfile", "{work}/huge_steps.yaml"), ("train.max_steps",)),
+        ("snakemake", "-n: max_steps 10**12", ("--configfile", "{work}/huge_steps.yaml"), ("train.max_steps",)),
+        ("stapo", "train: YAML alias bomb", (*T, "--recipe", "{work}/bomb.yaml", "--out", "{work}/bounded"),
+         ("{work}/bomb.yaml", "YAML aliases")),
+        ("stapo", "plan: YAML alias bomb", ("plan", "--configfile", "{work}/bomb.yaml"), ("YAML aliases",)),
+        ("snakemake", "-n: YAML alias bomb", ("--configfile", "{work}/bomb.yaml"), ("YAML aliases",)),
+        ("stapo", "train: model key ..", ("train", "--model", "..", "--method", METHOD, "--recipe",
+                                          "{work}/dotdot.yaml", "--out", "{work}/bounded"), ("models: '..'",)),
+        ("snakemake", "-n: model key ..", ("--configfile", "{work}/dotdot.yaml"), ("models: '..'", "never . or ..")),
+        ("stapo", "train: learning_rate 1e308", (*T, "--recipe", "{work}/huge_lr.yaml", "--out", "{work}/bounded"),
+         ("train.learning_rate: must be in [0, 1]",)),
+        ("stapo", "train: learning_rate .nan", (*T, "--recipe", "{work}/nan_lr.yaml", "--out", "{work}/bounded"),
+         ("train.learning_rate: must be a finite number, got nan",)),
+        ("stapo", "train: --seed -1", (*T, "--recipe", "{work}/good.yaml", "--out", "{work}/bounded", "--seed",
+                                       "-1"), ("train.seed: must be in [0, 4,294,967,295]",)),
+        ("stapo", "train: recipe not UTF-8", (*T, "--recipe", "{work}/latin1.yaml", "--out", "{work}/bounded"),
+         ("{work}/latin1.yaml: not UTF-8 text",)),
+        ("stapo", "eval: --seed -1", (*E, "--out", "{work}/bounded/o.jsonl", "--seed", "-1"), ("--seed",)),
+        ("stapo", "eval: --grade-timeout 1e308", (*E, "--out", "{work}/bounded/o.jsonl", "--grade-timeout", "1e308"),
+         ("--grade-timeout: must be in [0, 3,600]",)),
+        ("stapo", "eval: --grade-timeout nan", (*E, "--out", "{work}/bounded/o.jsonl", "--grade-timeout", "nan"),
+         ("--grade-timeout: must be a finite number",)),
+        ("stapo", "eval: --samples 10**9", (*E, "--out", "{work}/bounded/o.jsonl", "--samples", "1000000000"),
+         ("--samples: must be in [1, 1,024]",)),
+        ("stapo", "eval: --max-new-tokens 10**12", (*E, "--out", "{work}/bounded/o.jsonl", "--max-new-tokens",
+                                                     "1000000000000"), ("--max-new-tokens: must be in",)),
+        ("stapo", "eval: repeated problem id", (*E, "--out", "{work}/bounded/o.jsonl", "--data-dir",
+                                                "{work}/dup_ids"), ("{work}/dup_ids/aime24.jsonl:2: id 'a' repeats",)),
+        ("stapo", "eval: benchmark file not UTF-8", (*E, "--out", "{work}/bounded/o.jsonl", "--data-dir",
+                                                     "{work}/latin1_rows"),
+         ("{work}/latin1_rows/aime24.jsonl:1: not UTF-8",)),
+        ("stapo", "eval: truncated weights, no manifest", ("eval", "--model", "{work}/cut_weights", "--benchmark",
+                                                           "aime24", "--setting", "t1.0_p1.0", "--out",
+                                                           "{work}/bounded/o.jsonl"),
+         ("--model: {work}/cut_weights has incomplete files (model.safetensors: 574 bytes, header needs 1098)",)),
+        ("stapo", "report: several-seed file cut short", ("report", "--scores", "{work}/short_scores", "--out",
+                                                          "{work}/bounded"),
+         ("seed1/final/arith/t1.0_p1.0.jsonl: 6 lines", "its summary recorded 12 lines")),
+        ("stapo", "report: a line cut mid-way", ("report", "--scores", "{work}/mid_line_scores", "--out",
+                                                 "{work}/bounded"),
+         ("seed1/final/arith/t1.0_p1.0.jsonl:12: not a JSON record",)),
+    )],
     Case("vllm_settings: no command", "vllm_settings", (), ("arguments are required",)),
     Case("vllm_settings: unknown device", "vllm_settings", ("check", "--device", "tpu"), ("invalid choice: 'tpu'",)),
 ]
@@ -281,18 +381,35 @@ def run_case(case: Case, work: Path, cwd: Path = REPO) -> dict:
     """Run one case; its rc, stderr lines, seconds to the error and whether the line says what it must."""
     if case.name == "eval: damaged final/ (same-size bit flip)":
         _damaged_final(work / "run")  # a previous run of the case moved it aside
+    shutil.rmtree(work / "bounded", ignore_errors=True)
     start = time.monotonic()
-    res = subprocess.run(command(case, work), cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+    rc, stdout, stderr, peak_kb = _run_measured(command(case, work), cwd, timeout=300)
     seconds = time.monotonic() - start
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    lines = [line for line in stderr.splitlines() if line.strip()]
     expect = [e.format(work=work) for e in case.expect]
-    return {"name": case.name, "rc": res.returncode, "seconds": round(seconds, 2), "lines": lines,
-            "stdout": res.stdout, "missing": [e for e in expect if not any(e in line for line in lines)],
-            "traceback": "Traceback" in res.stderr + res.stdout}
+    return {"name": case.name, "rc": rc, "seconds": round(seconds, 2), "lines": lines, "peak_mb": peak_kb / 1024,
+            "stdout": stdout, "missing": [e for e in expect if not any(e in line for line in lines)],
+            "traceback": "Traceback" in stderr + stdout, "wrote": (work / "bounded").exists()}
 
 
-def ok(result: dict) -> bool:
-    return (result["rc"] != 0 and len(result["lines"]) == 1 and not result["missing"] and not result["traceback"])
+def _run_measured(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str, str, int]:
+    """(rc, stdout, stderr, peak resident KB) of one process: reaped with wait4, whose rusage is that child's own."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    with ThreadPoolExecutor(2) as pool:
+        out, err = pool.submit(proc.stdout.read), pool.submit(proc.stderr.read)
+        _, status, usage = os.wait4(proc.pid, 0)
+        stdout, stderr = out.result(), err.result()
+    timer.cancel()
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    return proc.returncode, stdout, stderr, usage.ru_maxrss
+
+
+def ok(result: dict, case: Case | None = None) -> bool:
+    bounded = case is None or not case.bounded or (result["peak_mb"] <= MAX_PEAK_MB and not result["wrote"])
+    return (result["rc"] != 0 and len(result["lines"]) == 1 and not result["missing"] and not result["traceback"]
+            and bounded)
 
 
 class Holders:
@@ -323,10 +440,12 @@ def main(argv: list[str] | None = None) -> int:
         results = [run_case(c, work) for c in CASES if not args.only or args.only in c.name]
     finally:
         holders.close()
+    cases = {c.name: c for c in CASES}
     for r in results:
-        flag = "ok  " if ok(r) else "FAIL"
-        print(f"{flag} rc={r['rc']} {r['seconds']:5.2f}s  {r['name']:<52} {(r['lines'] or [''])[-1][:150]}")
-    good = sum(ok(r) for r in results)
+        flag = "ok  " if ok(r, cases[r["name"]]) else "FAIL"
+        print(f"{flag} rc={r['rc']} {r['seconds']:5.2f}s {r['peak_mb']:4.0f} MB  {r['name']:<52} "
+              f"{(r['lines'] or [''])[-1][:150]}")
+    good = sum(ok(r, cases[r["name"]]) for r in results)
     slowest = max(results, key=lambda r: r["seconds"])
     print(f"\n{good}/{len(results)} one line naming the culprit, rc != 0, no traceback; slowest "
           f"{slowest['seconds']:.2f} s ({slowest['name']}); {sum(r['seconds'] <= TARGET_S for r in results)}/"

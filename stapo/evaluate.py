@@ -48,7 +48,7 @@ from stapo.lock import Busy, output_lock, run_lock
 from stapo.manifest import COMPLETE, FINAL_COMPLETE
 from stapo.grading import grade
 from stapo.models import check_spec, resolve_model
-from stapo.scoring import build_records, summarize
+from stapo.scoring import build_records, samples_file_digest, summarize
 from stapo.study.evaluation import BACKENDS, VERIFIER_DEFAULTS, EvalConfig, EvalSection
 from stapo.tasks.registry import BENCHMARKS, SETTINGS, _tokenizer, benchmark_file, read_benchmark_file
 
@@ -172,6 +172,10 @@ def _check_spec(spec: str) -> None:
     path = Path(spec)
     if path.is_dir() and not any((path / w).is_file() for w in manifest.WEIGHTS):
         raise EvalInputError(f"--model: {path} has no weights file (one of {', '.join(manifest.WEIGHTS)})")
+    manifested = any((path / s).is_file() for s in (FINAL_COMPLETE, COMPLETE))  # check_model verifies those
+    cut = manifest.cut_files(path) if path.is_dir() and not manifested else []  # headers only
+    if cut:
+        raise EvalInputError(f"--model: {path} has incomplete files ({'; '.join(cut[:3])}): copy or save it again")
 
 
 def _offline() -> bool:
@@ -329,8 +333,9 @@ def _evaluate(args: argparse.Namespace, cfg: EvalConfig, out: Path) -> int:
             verifier = apply_verifier(records, problems, cfg, store)
     finally:
         store.close()
-    atomic_write(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    summary = summarize(records, cfg, model_path, verifier)
+    samples = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+    atomic_write(out, samples)
+    summary = {**summarize(records, cfg, model_path, verifier), "samples_file": samples_file_digest(samples)}
     atomic_write_json(summary_path(out), summary)
     log.info("%s %s: avg@%d = %.2f%% (CI %.1f-%.1f), %d problems, truncated %.1f%%, no box %.1f%%; generation "
              "%.1fs (%d cached, %d generated), grading (+ verifier) %.1fs", cfg.benchmark, cfg.setting, cfg.n,

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from stapo.atomic import atomic_write_json
 
-__all__ = ["COMPLETE", "FINAL_COMPLETE", "WEIGHTS", "file_sha256", "digests", "model_files", "write_manifest",
-           "read_manifest", "verify", "problems"]
+__all__ = ["COMPLETE", "FINAL_COMPLETE", "cut_files", "WEIGHTS", "file_sha256", "digests", "model_files",
+           "write_manifest", "read_manifest", "verify", "problems"]
 
 COMPLETE = "STAPO_CHECKPOINT_COMPLETE"  # checkpoint manifest, written after every rank has saved
 FINAL_COMPLETE = "STAPO_FINAL_COMPLETE"  # final/ manifest, written into the temporary dir before the rename
@@ -113,6 +113,13 @@ def _cut(path: Path) -> str | None:
     except (struct.error, ValueError, KeyError, TypeError, IndexError, OSError) as err:
         return f"unreadable ({type(err).__name__})"
     return None
+
+
+def cut_files(directory: str | os.PathLike) -> list[str]:
+    """``name: why`` of each weight, config or tokenizer file of a model directory that is structurally incomplete
+    (:func:`_cut`: headers only): what a directory without a manifest can still be checked for."""
+    directory = Path(directory)
+    return [f"{name}: {why}" for name in model_files(directory) if (why := _cut(directory / name))]
 
 
 def verify(directory: str | os.PathLike, sentinel: str = COMPLETE, *,

@@ -47,6 +47,7 @@ from stapo.atomic import atomic_write, check_creatable_dir
 from stapo import comparison_figures, seed_report
 from stapo.errors import UserError
 from stapo.figures import CAPTIONS, FIGURE_KINDS, settings_order, write_figures  # FIGURE_KINDS: always written
+from stapo.scoring import DamagedScores
 from stapo.seed_statistics import seed_cell
 from stapo.names import BENCHMARKS, METHODS, MODELS, PAPER_BENCHMARKS, SETTINGS, paper_key
 
@@ -108,7 +109,7 @@ def _read_summary(path: Path, model: str, method: str, ckpt: str, benchmark: str
         ci = (s.get("ci95") if corrected is None else s.get("ci95_corrected")) or (acc, acc)
         lo, hi = (float(v) for v in ci)
     except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a score summary (need avg_at_n and ci95): {e}") from e
+        raise DamagedScores(f"{path}: not a score summary (need avg_at_n and ci95): {e}") from None
     verifier = (s.get("verifier") or {}).get("model") if corrected is not None else None
     generation = s.get("generation") or {}
     protocol = generation.get("protocol")
@@ -134,8 +135,9 @@ def _across_seeds(scores_dir, per_seed: dict[tuple, list[Score]]) -> list[Score]
     for key, group in per_seed.items():
         samples = cells.get(key)
         if samples is None:
-            raise ValueError(f"{scores_dir}/{key[0]}/{key[1]}/seed*/{key[2]}/{key[3]}/{key[4]}.jsonl: the per-sample "
-                             "files of a several-seed cell are missing (its summaries are there)")
+            where = f"{scores_dir}/{key[0]}/{key[1]}/seed*/{key[2]}/{key[3]}/{key[4]}.jsonl"
+            raise DamagedScores(f"{where}: the per-sample files of a several-seed cell are missing (its summaries "
+                                "are there)")
         head, rule = seed_cell(samples.headline), seed_cell(samples.rule)
         out.append(Score(*key, head.mean, head.lo, head.hi, group[0].n_samples, group[0].problems, rule.mean,
                          head.mean if samples.corrected is not None else None,

@@ -6,15 +6,20 @@ computed"). Every accuracy is in %.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 from math import comb
+from pathlib import Path
 
 import numpy as np
 
 from stapo.answers import normalize_answer
+from stapo.errors import UserError
 from stapo.study.evaluation import EvalConfig
 
-__all__ = ["build_records", "avg_at_n", "pass_at_k", "maj_at_n", "bootstrap_ci", "summarize", "BOOTSTRAP_ITERS"]
+__all__ = ["build_records", "avg_at_n", "pass_at_k", "maj_at_n", "bootstrap_ci", "summarize", "BOOTSTRAP_ITERS",
+           "DamagedScores", "read_samples", "samples_file_digest"]
 
 BOOTSTRAP_ITERS = 10_000
 
@@ -124,3 +129,52 @@ def summarize(records: list[dict], cfg: EvalConfig, model: str, verifier: dict |
                        "worked_example": cfg.worked_example},
         "lm_eval_version": lm_eval.__version__,
     }
+
+
+# ------------------------------------------------------------------------------------ the per-sample file
+
+
+class DamagedScores(UserError, ValueError):
+    """A per-sample file that does not match its summary, or a summary that is not one: one line naming the file."""
+
+
+def samples_file_digest(data: bytes) -> dict:
+    """What the summary records of its per-sample file (``samples_file``): lines and SHA-256 of the exact bytes."""
+    return {"lines": data.count(b"\n"), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def summary_of(samples: Path) -> Path:
+    return samples.with_name(samples.name.removesuffix(".jsonl") + ".summary.json")
+
+
+def read_samples(path: str | Path) -> list[dict]:
+    """The records of a per-sample file, checked against its summary before any is used: the SHA-256 and line
+    count the summary recorded (``samples_file``; a summary written before it: the count of ``samples``). A file
+    cut short, a line cut mid-way or a missing summary is a DamagedScores naming the file."""
+    path = Path(path)
+    summary_path, fix = summary_of(path), "rerun its evaluation (delete it and its summary)"
+    try:
+        data = path.read_bytes()
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except FileNotFoundError as err:
+        raise DamagedScores(f"{path}: {err.filename} is missing (an evaluation writes both); {fix}") from None
+    except (ValueError, OSError) as err:
+        raise DamagedScores(f"{summary_path}: not a readable score summary ({err}); {fix}") from None
+    recorded = summary.get("samples_file") if isinstance(summary, dict) else None
+    if recorded and samples_file_digest(data) != recorded:
+        got = samples_file_digest(data)
+        raise DamagedScores(f"{path}: {got['lines']} lines, SHA-256 {got['sha256'][:12]}…; its summary recorded "
+                            f"{recorded['lines']} lines, {recorded['sha256'][:12]}…: the file was changed or cut "
+                            f"after the evaluation; {fix}")
+    records = []
+    for line_no, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as err:
+            raise DamagedScores(f"{path}:{line_no}: not a JSON record (cut mid-way?): {err}; {fix}") from None
+    expected = summary.get("samples") if isinstance(summary, dict) else None
+    if expected is not None and len(records) != expected:
+        raise DamagedScores(f"{path}: {len(records)} samples, its summary says {expected}; {fix}")
+    return records

@@ -19,7 +19,6 @@ differences, its half-width sqrt(Σ h_i²)/k (independent benchmarks, the main t
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import numpy as np
 
 from stapo import study as stapo_study
 from stapo.names import BASE
+from stapo.scoring import DamagedScores, read_samples
 from stapo.seed_statistics import PairedDifference, SeedCell, paired_difference, seed_cell
 
 __all__ = ["SeedSamples", "load_seed_samples", "seed_cells", "seed_scores", "paired_table", "render_seeds"]
@@ -52,9 +52,9 @@ class SeedSamples:
 
 def _correct_matrix(path: Path) -> tuple[list[str], np.ndarray, np.ndarray | None]:
     """(problem ids in order, rule [P, N] 0/1, corrected [P, N] or None) of one per-sample file."""
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = read_samples(path)  # checked against its summary: a file cut short is refused, not averaged
     if not rows:
-        raise ValueError(f"{path}: no samples")
+        raise DamagedScores(f"{path}: no samples")
     verified = all("correct_verified" in r for r in rows)
     by_problem: dict[str, list] = defaultdict(list)
     for r in sorted(rows, key=lambda r: r["sample"]):

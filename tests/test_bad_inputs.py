@@ -29,7 +29,8 @@ def work(tmp_path_factory):
 
 
 def test_the_table_covers_every_entry_point():
-    assert len(bad.CASES) >= 40 and len({c.name for c in bad.CASES}) == len(bad.CASES)
+    assert len(bad.CASES) >= 80 and len({c.name for c in bad.CASES}) == len(bad.CASES)
+    assert sum(c.bounded for c in bad.CASES) >= 20
     assert {c.entry for c in bad.CASES} == {"stapo", "snakemake", "vllm_settings"}
     assert {c.args[0] for c in bad.CASES if c.entry == "stapo" and c.args} == {"nope", "train", "eval", "report",
                                                                                "plan"}
@@ -45,6 +46,8 @@ def test_bad_input_is_one_line_naming_the_culprit(work, case):
     assert not result["missing"], f"{result['lines']} lacks {result['missing']}"
     assert result["seconds"] < GENEROUS_S
     assert not case.needs_model
+    if case.bounded:  # refused before anything is sized from the input, and nothing written
+        assert result["peak_mb"] <= bad.MAX_PEAK_MB and not result["wrote"], result
 
 
 def test_debug_keeps_the_traceback(work):

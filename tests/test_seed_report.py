@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from stapo import study
+from stapo.scoring import DamagedScores, samples_file_digest, summary_of
 from stapo.seed_report import load_seed_samples, paired_table, render_seeds, seed_cells, seed_scores
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +21,11 @@ def _write(path: Path, correct: np.ndarray, verified: np.ndarray | None = None) 
     rows = [{"problem_id": f"p{p:03d}", "sample": k, "correct": bool(correct[p, k]),
              **({"correct_verified": bool(verified[p, k])} if verified is not None else {})}
             for p in range(correct.shape[0]) for k in range(correct.shape[1])]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows[::-1]))  # order on disk does not matter
+    data = "".join(json.dumps(r) + "\n" for r in rows[::-1]).encode()  # order on disk does not matter
+    path.write_bytes(data)
+    summary = {"avg_at_n": 100 * float(correct.mean()), "ci95": [0.0, 100.0], "n_samples": correct.shape[1],
+               "problems": correct.shape[0], "samples": len(rows), "samples_file": samples_file_digest(data)}
+    summary_of(path).write_text(json.dumps(summary))
 
 
 @pytest.fixture
@@ -134,3 +139,40 @@ def test_stapo_report_of_a_three_seed_study(scores, tiny_study, tmp_path):
     assert sorted(metrics)[:3] == [("m", "grpo/seed0"), ("m", "grpo/seed1"), ("m", "grpo/seed2")]
     curve = figure_series("entropy", "m", [], metrics, ["stapo"]).of("stapo")
     assert curve.values == (2.0, 2.0) and curve.lo == (1.0, 1.0) and curve.hi == (3.0, 3.0)
+
+
+# ------------------------------------------------------------------------------------------- damaged scores
+
+
+def _cut(path: Path, keep_lines: int) -> None:
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:keep_lines]))
+
+
+def test_a_per_sample_file_cut_short_is_refused_not_averaged(scores, tiny_study, tmp_path):
+    """Two seeds cut to half their problems used to be averaged silently (STAPO 41.67 instead of 29.17 while
+    scores.csv said 12 problems): the file's SHA-256 and line count are checked against its summary."""
+    from stapo.report import write_report
+
+    for seed in (0, 1):
+        _cut(scores / "m" / "stapo" / f"seed{seed}" / "final" / "arith" / "t1.0_p1.0.jsonl", 400)
+    with pytest.raises(DamagedScores, match=r"stapo/seed0/final/arith/t1\.0_p1\.0\.jsonl: 400 lines, SHA-256 .+ its "
+                                            r"summary recorded 800 lines"):
+        write_report(scores, tmp_path / "runs", tmp_path / "results", tiny_study)
+    assert not (tmp_path / "results" / "table.md").exists()
+
+
+def test_a_line_cut_mid_way_names_the_file_and_line(scores):
+    path = scores / "m" / "justrl" / "seed2" / "final" / "arith" / "t1.0_p1.0.jsonl"
+    data = path.read_bytes()
+    path.write_bytes(data[: data.index(b"\n", 100) + 20])
+    summary = json.loads(summary_of(path).read_text())
+    del summary["samples_file"]  # a summary written before the checksum: the count still catches it
+    summary_of(path).write_text(json.dumps(summary))
+    with pytest.raises(DamagedScores, match=rf"{path}:3: not a JSON record \(cut mid-way\?\)"):
+        seed_cells(scores)
+    _cut(path, 2)
+    with pytest.raises(DamagedScores, match=rf"{path}: 2 samples, its summary says 800"):
+        seed_cells(scores)
+    summary_of(path).unlink()
+    with pytest.raises(DamagedScores, match=r"t1\.0_p1\.0\.summary\.json is missing"):
+        seed_cells(scores)
