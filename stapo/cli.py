@@ -17,7 +17,7 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from stapo import study
+from stapo import driver, study
 from stapo.atomic import check_creatable_dir
 from stapo.errors import ArgumentParser, UserError
 
@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; a UserError (bad argument, config, missing file, busy output ...) is one line on stderr
     and exit status 2. ``--debug`` (anywhere in argv) or ``STAPO_DEBUG=1`` re-raises it with its traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    driver.watch()  # a workflow job dies with the Snakemake process that started it (stapo.driver)
     debug = "--debug" in argv or os.environ.get("STAPO_DEBUG", "0") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else ""

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -353,3 +355,39 @@ def test_tiny_dag_end_to_end(tmp_path):
             assert (tmp_path / "results" / "figures" / f"{model}_{kind}.{ext}").stat().st_size > 0
     res = snakemake("--configfile", cfg, "--report", "report.html", "--", "results/table.md", cwd=tmp_path)
     assert res.returncode == 0 and (tmp_path / "report.html").stat().st_size > 0, res.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_training_job_dies_with_its_killed_driver(tmp_path):
+    """kill -9 of the Snakemake driver during `stapo train`: the job stops within seconds (stapo.driver) instead of
+    training on orphaned, so the rerun finds its run directory free (it used to refuse: "in use by PID")."""
+    from stapo.lock import RUN_LOCK, hold, holder
+
+    study = yaml.safe_load(TINY.read_text())
+    study["train"].update(max_steps=1000, save_steps=1000, max_completion_length=8)
+    study["workflow"]["models"] = ["tiny-qwen3"]
+    cfg = tmp_path / "long.yaml"
+    cfg.write_text(yaml.safe_dump(study, sort_keys=False))
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"}
+    driver = subprocess.Popen([str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "--cores",
+                               "1", "--configfile", str(cfg), "--", "runs/tiny-qwen3/justrl/final"], cwd=tmp_path,
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    lock, log = tmp_path / "runs/tiny-qwen3/justrl" / RUN_LOCK, tmp_path / "logs/train/tiny-qwen3/justrl.log"
+    deadline = time.monotonic() + 300
+    while not (holder(lock).get("pid") and "Loading weights" in (log.read_text() if log.exists() else "")):
+        assert time.monotonic() < deadline and driver.poll() is None, "the training job did not start"
+        time.sleep(0.5)
+    job = holder(lock)["pid"]
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    deadline = time.monotonic() + 30
+    try:
+        while Path(f"/proc/{job}").exists() and Path(f"/proc/{job}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, f"stapo train (PID {job}) outlived its driver"
+            time.sleep(0.2)
+    finally:
+        if Path(f"/proc/{job}").exists():  # the orphan of a failed assertion
+            os.kill(job, signal.SIGKILL)
+    assert "the Snakemake process that started this job" in log.read_text()
+    with hold(lock, "run directory"):  # what the rerun takes first
+        pass

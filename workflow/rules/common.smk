@@ -12,6 +12,7 @@ import yaml
 from stapo.atomic import atomic_write
 from stapo.names import BASE
 from stapo.report import FIGURE_KINDS
+from stapo import driver as stapo_driver
 from stapo import study as stapo_study  # not `parse` itself: the Snakefile namespace has its own
 
 # The config files that make the study: with --configfile, the first is the study and later ones overlay it
@@ -37,6 +38,10 @@ def check_profile_variables():
 
 
 check_profile_variables()
+
+# Every job's `stapo` watches this process (the driver, or the SLURM job step that runs the job: it parses this
+# file again) and stops when it is gone, instead of training on orphaned (stapo.driver).
+os.environ[stapo_driver.ENV] = stapo_driver.identity()
 
 try:  # the whole study, as `stapo train` / `stapo eval` check it (stapo.study.parse), before any job
     STUDY = stapo_study.parse(config, source=SOURCE)
