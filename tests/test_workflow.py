@@ -381,8 +381,13 @@ def test_a_training_job_dies_with_its_killed_driver(tmp_path):
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     deadline = time.monotonic() + 30
+
+    def running(pid):
+        stat = Path(f"/proc/{pid}/stat")
+        return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"  # Z: exited, not reaped
+
     try:
-        while Path(f"/proc/{job}").exists() and Path(f"/proc/{job}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        while running(job):
             assert time.monotonic() < deadline, f"stapo train (PID {job}) outlived its driver"
             time.sleep(0.2)
     finally:
