@@ -5,7 +5,7 @@ lm-eval's own request cache skips sampled requests (every repeat would be identi
 the weights' fingerprint (:func:`model_fingerprint`: SHA-256 of their content), every generation parameter
 (backend, its settings, seed, stop tokens, sampling) and (prompt, repeat index), committed chunk by chunk. A killed
 evaluation, rerun, generates only what is missing, and gets the completions an uninterrupted run would have got
-(per-chunk seeds on ``hf``, per-request seeds on ``vllm``; see ResumableLM). Generation stops at every end-of-turn
+(every request sampled from its own seeded generator; see ResumableLM). Generation stops at every end-of-turn
 token of the model's tokenizer (:func:`with_stop_tokens`; Qwen3-Base's EOS is ``<|endoftext|>`` but its chat
 template ends a turn with ``<|im_end|>``).
 """
@@ -17,7 +17,7 @@ import hashlib
 import json
 import logging
 import sqlite3
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 
 from stapo.manifest import digests, model_files
@@ -107,22 +107,28 @@ class ResumableLM(_lm_base()):
     generation parameter outside the kwargs (backend, its settings, seed). ``stats`` counts cache hits and
     generated requests.
 
-    Seeding, so that a resumed run reproduces an uninterrupted one: requests are cut into fixed chunks of the
-    full request list (``chunk``), and each chunk is generated and committed as a unit. ``seeding="chunk"`` (HF):
-    the global torch RNG is seeded from the chunk's keys before the chunk runs (HF's sampler draws from that one
-    generator, so a row's tokens depend on its batch: a fixed chunk fixes the batch). ``seeding="request"``
-    (vLLM): each request carries its own ``seed`` (vLLM then samples it from a private generator, whatever the
-    batch). Either way a chunk regenerated after a kill sees exactly the RNG state it would have seen.
+    Seeding: every request is sampled from a generator of its own, seeded from its key, so a completion depends on
+    its problem, repeat, weights and settings only: not on which other problems are evaluated (``--limit 4`` and
+    ``--limit 20`` give the first four problems the same completions), nor on batches, chunks or a resume.
+    ``seeding="request"`` (vLLM): each request carries its own ``seed`` (vLLM samples it from a private
+    generator). ``seeding="row"`` (HF, whose sampler draws every row of a batch from one global generator):
+    :class:`RowSampler` samples each row of lm-eval's batches from its request's generator, as HF's sampler
+    would (temperature, then top-p, then a categorical draw), and HF decodes greedily on its choice. Requests are
+    committed to the cache in chunks of ``chunk``.
     """
 
-    def __init__(self, lm, cache_path: str | Path | None, identity, chunk: int = 16, seeding: str = "chunk",
+    def __init__(self, lm, cache_path: str | Path | None, identity, chunk: int = 16, seeding: str = "row",
                  store: "GenerationCache | None" = None):
         super().__init__()
-        if seeding not in ("chunk", "request"):
-            raise ValueError(f"ResumableLM: seeding must be 'chunk' or 'request', got {seeding!r}")
+        if seeding not in ("row", "request"):
+            raise ValueError(f"ResumableLM: seeding must be 'row' or 'request', got {seeding!r}")
         self.lm, self.identity, self.chunk, self.seeding = lm, identity, chunk, seeding
         self.store = store if store is not None else GenerationCache(Path(cache_path))
         self.stats = {"cached": 0, "generated": 0}
+        self._row_keys: dict[str, deque] = {}  # context -> keys of its requests in this chunk, in request order
+        self._batch: list[str] = []  # the contexts of lm-eval's batch being generated, in row order
+        if seeding == "row":
+            self._sample_rows_by_key()
 
     def __getattr__(self, name):  # tokenizer, get_model_info, ... of the wrapped LM
         if name == "lm":
@@ -143,16 +149,34 @@ class ResumableLM(_lm_base()):
     def _seed(*keys: str) -> int:
         return int(hashlib.sha256("".join(keys).encode()).hexdigest()[:8], 16)
 
-    def _generate_chunk(self, requests, keys: list[str], idx: list[int], chunk_keys: list[str]) -> list[str]:
+    def _generate_chunk(self, requests, keys: list[str], idx: list[int]) -> list[str]:
         if self.seeding == "request":  # requests are lm-eval Instances (dataclasses)
             todo = [dataclasses.replace(requests[i], arguments=(requests[i].args[0],
                                         {**requests[i].args[1], "seed": self._seed(keys[i])})) for i in idx]
-        else:
-            import torch
+            return self.lm.generate_until(todo)
+        self._row_keys = {}
+        for i in idx:  # identical contexts (a problem's repeats) keep their order through lm-eval's stable sort
+            self._row_keys.setdefault(requests[i].args[0], deque()).append(keys[i])
+        return self.lm.generate_until([requests[i] for i in idx])
 
-            torch.manual_seed(self._seed(*chunk_keys))
-            todo = [requests[i] for i in idx]
-        return self.lm.generate_until(todo)
+    def _sample_rows_by_key(self) -> None:
+        """Hook lm-eval's HF batch encoding (which contexts, in which rows) and generation (a RowSampler seeded
+        from each row's request key) on the wrapped instance."""
+        encode, generate = self.lm.tok_batch_encode, self.lm._model_generate
+
+        def tok_batch_encode(strings, *args, **kwargs):
+            self._batch = list(strings)
+            return encode(strings, *args, **kwargs)
+
+        def model_generate(context, max_length, stop, **kwargs):
+            if kwargs.get("do_sample") and (kwargs.get("temperature") or 0) > 0:
+                seeds = [self._seed(self._row_keys[c].popleft()) for c in self._batch]
+                sampler = RowSampler(seeds, kwargs.pop("temperature"), kwargs.pop("top_p", 1.0))
+                kwargs.pop("top_k", None)
+                kwargs.update(do_sample=False, logits_processor=_processors(sampler))  # greedy on its choice
+            return generate(context, max_length, stop, **kwargs)
+
+        self.lm.tok_batch_encode, self.lm._model_generate = tok_batch_encode, model_generate
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         keys = self._keys(requests)
@@ -166,7 +190,7 @@ class ResumableLM(_lm_base()):
             idx = [start + j for j, k in enumerate(chunk_keys) if k not in found]
             if not idx:
                 continue
-            texts = self._generate_chunk(requests, keys, idx, chunk_keys)
+            texts = self._generate_chunk(requests, keys, idx)
             self.store.put_many([(keys[i], t) for i, t in zip(idx, texts, strict=True)])
             found.update((keys[i], t) for i, t in zip(idx, texts))
             self.stats["generated"] += len(idx)
@@ -178,6 +202,39 @@ class ResumableLM(_lm_base()):
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         raise NotImplementedError("stapo eval only generates")
+
+
+class RowSampler:
+    """An HF logits processor that samples row i of the batch from its own generator (seeded ``seeds[i]``), as
+    HF's sampler draws from the global one: logits / temperature, top-p (HF's TopPLogitsWarper: the smallest set
+    of tokens whose probability reaches top_p, at least one), a categorical draw. It returns 0 at the drawn token
+    and -inf elsewhere, so greedy decoding emits it. [B, V] in, [B, V] out."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float):
+        self.seeds, self.temperature, self.top_p = seeds, float(temperature), float(top_p)
+        self.generators = None  # made on the logits' device at the first step
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        if self.generators is None:
+            self.generators = [torch.Generator(device=scores.device).manual_seed(s) for s in self.seeds]
+        logits = scores.float() / self.temperature
+        if self.top_p < 1.0:
+            ascending, order = torch.sort(logits, descending=False)
+            drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - self.top_p
+            drop[..., -1:] = False
+            logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+        probs = logits.softmax(dim=-1)
+        drawn = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, drawn[:, None], 0.0)
+
+
+def _processors(*processors):
+    from transformers import LogitsProcessorList
+
+    return LogitsProcessorList(processors)
 
 
 def build_lm(cfg: EvalConfig, model_path: str):
@@ -197,7 +254,7 @@ def build_lm(cfg: EvalConfig, model_path: str):
     return get_model("vllm").create_from_arg_obj(args, {"batch_size": "auto"})
 
 
-SEEDING = {"hf": "chunk", "vllm": "request"}  # ResumableLM: how each backend is made resumable-deterministic
+SEEDING = {"hf": "row", "vllm": "request"}  # ResumableLM: how each backend is made resumable-deterministic
 
 
 def generation_identity(cfg: EvalConfig, model_path: str, known: dict[str, str] | None = None) -> dict:

@@ -585,6 +585,39 @@ def test_resumed_run_gives_the_completions_of_an_uninterrupted_run(tmp_path, mon
     assert differ == 0, f"{differ} of {len(whole)} completions differ after a resume"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["t1.0_p1.0", "t0.7_p0.9"])
+def test_a_problems_completions_do_not_depend_on_the_other_problems(tmp_path, monkeypatch, setting):
+    """--limit 2 and --limit 5 give the first two problems the same completions, whatever the chunk and batch
+    (every request sampled from its own seeded generator: RowSampler); they used to share the chunk's RNG."""
+    first = _eval(tmp_path / "two", "math500", setting, samples=3, limit=2, max_new_tokens=12)
+    monkeypatch.setitem(generation.CHUNK_REQUESTS, "hf", 5)  # other chunks, other batches
+    _eval(tmp_path / "five", "math500", setting, samples=3, limit=5, max_new_tokens=12)
+    two = _records(tmp_path / "two" / "math500" / f"{setting}.jsonl")
+    five = _records(tmp_path / "five" / "math500" / f"{setting}.jsonl")
+    assert first["problems"] == 2 and len(five) == 15
+    assert [(r["problem_id"], r["sample"], r["completion"]) for r in two] == \
+        [(r["problem_id"], r["sample"], r["completion"]) for r in five[:6]]
+    assert len({r["completion"] for r in two}) > 1  # the repeats of a problem are sampled, not copied
+
+
+def test_row_sampler_draws_each_row_from_its_own_seed():
+    """RowSampler: a row's draws depend on its seed, not its batch; top-p keeps the smallest set reaching p."""
+    import torch
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
+    batch = generation.RowSampler([3, 7, 11], 1.0, 1.0)
+    steps = [batch(None, logits).argmax(1)[1] for _ in range(50)]  # seed 7 in the middle of a batch, 50 steps
+    solo = generation.RowSampler([7], 1.0, 1.0)
+    assert [solo(None, logits[:1]).argmax(1)[0] for _ in range(50)] == steps  # same draws alone or in a batch
+    assert len(set(int(t) for t in steps)) > 1
+    sampler = generation.RowSampler(list(range(2000)), 1.0, 0.7)  # top-p 0.7: tokens 0 and 1 only
+    counts = torch.bincount(sampler(None, logits[:1].expand(2000, 4)).argmax(1), minlength=4)
+    assert counts[2:].sum() == 0 and 0.55 < counts[0] / 2000 < 0.70  # 0.5 / 0.8 = 0.625
+    out = generation.RowSampler([1], 0.5, 1.0)(None, logits[:1])
+    assert torch.isfinite(out).sum() == 1 and out.max() == 0.0
+
+
 def test_vllm_requests_carry_their_own_seed():
     """vLLM samples a request with its own generator when SamplingParams.seed is set: batch-independent."""
     from lm_eval.api.instance import Instance
