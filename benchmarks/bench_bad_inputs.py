@@ -34,9 +34,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -392,18 +390,26 @@ def run_case(case: Case, work: Path, cwd: Path = REPO) -> dict:
             "traceback": "Traceback" in stderr + stdout, "wrote": (work / "bounded").exists()}
 
 
+# Linux keeps a process's peak RSS across exec, and a child spawned from a big process (pytest with torch loaded)
+# starts from that parent's: a small Python process spawns the command and reaps it with wait4 instead.
+MEASURE = """import os, subprocess, sys
+proc = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(proc.pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def _run_measured(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str, str, int]:
-    """(rc, stdout, stderr, peak resident KB) of one process: reaped with wait4, whose rusage is that child's own."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    timer = threading.Timer(timeout, proc.kill)
-    timer.start()
-    with ThreadPoolExecutor(2) as pool:
-        out, err = pool.submit(proc.stdout.read), pool.submit(proc.stderr.read)
-        _, status, usage = os.wait4(proc.pid, 0)
-        stdout, stderr = out.result(), err.result()
-    timer.cancel()
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
-    return proc.returncode, stdout, stderr, usage.ru_maxrss
+    """(rc, stdout, stderr, peak resident KB) of one command (its process alone, not its children)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(prefix="stapo-peak-") as peak:
+        res = subprocess.run([sys.executable, "-c", MEASURE, peak.name, *cmd], cwd=cwd, env=env(),
+                             capture_output=True, text=True, timeout=timeout)
+        kb = int(Path(peak.name).read_text() or 0)
+    return res.returncode, res.stdout, res.stderr, kb
 
 
 def ok(result: dict, case: Case | None = None) -> bool:

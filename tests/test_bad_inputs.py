@@ -39,7 +39,7 @@ def test_the_table_covers_every_entry_point():
 @pytest.mark.parametrize("case", bad.CASES, ids=[c.name for c in bad.CASES])
 def test_bad_input_is_one_line_naming_the_culprit(work, case):
     result = bad.run_case(case, work)
-    print(f"{result['seconds']:.2f} s  {case.name}: {(result['lines'] or [''])[-1]}")
+    print(f"{result['seconds']:.2f} s {result['peak_mb']:.0f} MB  {case.name}: {(result['lines'] or [''])[-1]}")
     assert result["rc"] != 0, result
     assert not result["traceback"], "\n".join(result["lines"])
     assert len(result["lines"]) == 1, "\n".join(result["lines"])
