@@ -55,6 +55,23 @@ METHODS = list(STUDY.methods)
 RUNS = {run: (method, seed) for method in METHODS for run, seed in STUDY.runs(method).items()}
 SETTINGS = list(STUDY.eval.settings)
 
+
+def check_contained():
+    """Every directory a job writes stays under runs/ or scores/ (the schema's key patterns already refuse `..`;
+    this holds whatever a later pattern admits)."""
+    for root in ("runs", "scores"):
+        base = Path(root).resolve()
+        for model in MODELS:
+            for run in [*RUNS, BASE]:
+                for setting in SETTINGS:
+                    path = Path(root, model, run, BASE, setting).resolve()
+                    if not path.is_relative_to(base):
+                        config_error(f"{SOURCE}: models.{model} / run {run} / eval.settings.{setting}: "
+                                     f"{root}/{model}/{run}/.../{setting} leaves {root}/")
+
+
+check_contained()
+
 # Each job's --recipe is a content-addressed file holding exactly the config sections the job reads, written by a
 # job (study.smk), never on parse. A later dry run or run with another config plans other files and cannot change
 # the config of a job already planned, and a job reruns exactly when its sections change (its input's name does).
