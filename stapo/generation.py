@@ -173,7 +173,8 @@ class ResumableLM(_lm_base()):
                 seeds = [self._seed(self._row_keys[c].popleft()) for c in self._batch]
                 sampler = RowSampler(seeds, kwargs.pop("temperature"), kwargs.pop("top_p", 1.0))
                 kwargs.pop("top_k", None)
-                kwargs.update(do_sample=False, logits_processor=_processors(sampler))  # greedy on its choice
+                kwargs.update(do_sample=False,  # greedy on its choice, after any processor already given
+                              logits_processor=_processors(*kwargs.get("logits_processor") or [], sampler))
             return generate(context, max_length, stop, **kwargs)
 
         self.lm.tok_batch_encode, self.lm._model_generate = tok_batch_encode, model_generate

@@ -721,9 +721,9 @@ def test_text_after_the_end_of_turn_never_reaches_the_grader(tmp_path, monkeypat
 
     real = HFLM._model_generate
 
-    def scripted(lm, context, max_length, stop, **kwargs):
-        return real(lm, context, max_length, stop, logits_processor=LogitsProcessorList([Scripted(context.shape[1])]),
-                    **kwargs)
+    def scripted(lm, context, max_length, stop, **kwargs):  # forced first, then the row sampler draws it
+        processors = LogitsProcessorList([Scripted(context.shape[1]), *kwargs.pop("logits_processor", [])])
+        return real(lm, context, max_length, stop, logits_processor=processors, **kwargs)
 
     monkeypatch.setattr(HFLM, "_model_generate", scripted)
     s = _eval(tmp_path, "aime24", "t1.0_p1.0", model=str(ckpt), samples=1, limit=1, max_new_tokens=24)
