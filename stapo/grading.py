@@ -387,6 +387,8 @@ def grade(completions: list[str], golds: list[str], *, timeout: float = 5.0, wor
         raise ValueError(f"grade: {len(completions)} completions but {len(golds)} golds")
     if justrl_golds is not None and len(justrl_golds) != len(golds):
         raise ValueError(f"grade: {len(golds)} golds but {len(justrl_golds)} JustRL golds")
+    if justrl_golds is not None:
+        justrl_grading._latex_to_text()  # a missing pylatexenc fails here, not as an "error" verdict per sample
     if not completions:
         return []
     parts, unique_golds, first_of = _unique_jobs(completions, golds, justrl_golds)

@@ -183,9 +183,16 @@ def _sympy_parse(expr: str):
 
 @lru_cache(maxsize=1)
 def _latex_to_text():
-    """One pylatexenc converter (JustRL builds one per call; it keeps no state between calls)."""
-    from pylatexenc import latex2text
+    """One pylatexenc converter (JustRL builds one per call; it keeps no state between calls).
 
+    ImportError without pylatexenc: :func:`grade_extracted` calls this first, outside any ``except``, since
+    JustRL's ``except:`` around its use would otherwise turn a missing package into silently different verdicts.
+    """
+    try:
+        from pylatexenc import latex2text
+    except ImportError as err:
+        raise ImportError("eval.protocol justrl's rule stage needs pylatexenc 2.10 (pyproject.toml; make install)") \
+            from err
     return latex2text.LatexNodes2Text()
 
 
@@ -352,6 +359,7 @@ def grade_answer_verl(solution_str: str, ground_truth: str) -> bool:
 def grade_extracted(given_answer: str | None, ground_truth: str) -> bool:
     """``grade_answer_verl`` on an answer already extracted by :func:`extract_answer` (what a grading worker runs:
     the parent extracts, so only the box crosses the pipe)."""
+    _latex_to_text()  # ImportError here, not a silently different verdict, without pylatexenc
     if not ground_truth:
         return False
     if "\\boxed" in ground_truth:
