@@ -1,7 +1,7 @@
 """Benchmark of stapo.grading.grade: throughput against sequential math-verify, and the adversarial batch.
 
     .venv/bin/python benchmarks/bench_grading.py [--data-dir stapo/tasks/data] [--pairs 2000]
-                                                 [--workers N] [--timeout 5] [--json OUT.json]
+                                                 [--workers N] [--timeout 5] [--json OUT.json] [--justrl]
 
 1. 2,000 (completion, gold) pairs built from the golds of the six benchmark files: a third correct (gold boxed
    verbatim), a third reformatted (\\dfrac, trailing ".0", spacing, \\left( \\right), degrees), a third wrong
@@ -14,6 +14,9 @@
    as avg@N's samples of one problem do), so the same passes are also timed on the distinct pairs alone: that
    speed-up is the process pool's, without the deduplication.
    Target: >= 1.8x speed-up on 2 cores.
+``--justrl``: both rule stages, as ``stapo eval`` grades (``grade(justrl_golds=...)`` with JustRL's golds: the rows'
+``answer_raw`` else ``answer``), and 10 more adversarial completions aimed at JustRL's sympy stage (``9**9**99``
+against a non-integer gold); the adversarial budget doubles, each stage having its own deadline.
 2. 50 distinct adversarial completions (1 MB of text, ``9^{9^{9^{9}}}``, 500-deep nested braces, ``__import__('os')...``
    payloads). Target: done within 50 x timeout / workers + 10 s, and /tmp/pwned never created.
 
@@ -48,6 +51,17 @@ After grade() grades identical (box, gold) pairs once (2026-12-03, quiet machine
     1,382 distinct pairs: speed-up 1.64x (CPU 40.2 s pooled vs 34.8 s sequential: each worker warms its own
     parser caches); the rest of the 2.31x is the deduplication. Adversarial (now 50 distinct completions):
     46.5 s (budget 135 s), 34 ok / 16 timeout / 0 unparsable / 0 error; /tmp/pwned never created.
+JustRL's rule stage added (issue 31; 2026-12-05, 2 cores shared with two other sessions, load average 5.6-6.9, so
+wall-clock figures are the machine's; CPU seconds are the code's). Three runs back to back, default command:
+    before (e15f9e0):      grade() 76.1 answers/s, 31.0 CPU s for 4,000 answers; adversarial 50.0 s (budget 135 s),
+                           33 ok / 17 timeout; /tmp/pwned never created.
+    after, harness alone:  grade() 70.6 answers/s (load 6.9 vs 5.6), 30.9 CPU s: unchanged; adversarial 51.4 s,
+                           33 ok / 17 timeout.
+    after, --justrl (what stapo eval now runs): grade() 62.9 answers/s, 34.1 CPU s (+10 % for the second stage);
+                           adversarial 60 completions in 72.5 s (budget 310 s): harness 42 ok / 18 timeout, JustRL
+                           40 ok / 10 no_box / 10 timeout (the ten ``**`` towers) / 0 error; JustRL's verdict is
+                           "correct" on the 500-deep braces around the gold 1 (its normalisation drops braces);
+                           /tmp/pwned never created.
 """
 
 from __future__ import annotations
@@ -67,11 +81,13 @@ FILLER = ("Let us reason step by step. First we set up the equation from the sta
           "then we check the boundary cases, and verify the result by substituting it back. ") * 3
 
 
-def load_golds(data_dir: Path) -> list[str]:
+def load_golds(data_dir: Path) -> list[tuple[str, str]]:
+    """(the clean gold, JustRL's gold: ``answer_raw`` else ``answer``) of every row."""
     golds = []
     for name in FILES:
         with open(data_dir / f"{name}.jsonl", encoding="utf-8") as f:
-            golds += [json.loads(line)["answer"] for line in f if line.strip()]
+            rows = [json.loads(line) for line in f if line.strip()]
+        golds += [(r["answer"], r.get("answer_raw") or r["answer"]) for r in rows]
     return golds
 
 
@@ -97,15 +113,17 @@ def perturb(gold: str, rng: random.Random) -> str:
     return gold + "+1"
 
 
-def make_pairs(golds: list[str], n: int, seed: int = 0) -> tuple[list[str], list[str]]:
+def make_pairs(golds: list[tuple[str, str]], n: int, seed: int = 0) -> tuple[list[str], list[str], list[str]]:
+    """(completions, their clean golds, their JustRL golds)."""
     rng = random.Random(seed)
-    completions, answers = [], []
+    completions, answers, justrl_answers = [], [], []
     for i in range(n):
-        gold = rng.choice(golds)
+        gold, justrl_gold = rng.choice(golds)
         answer = [gold, reformat(gold, rng), perturb(gold, rng)][i % 3]
         completions.append(f"{FILLER}Therefore the final answer is $\\boxed{{{answer}}}$.")
         answers.append(gold)
-    return completions, answers
+        justrl_answers.append(justrl_gold)
+    return completions, answers, justrl_answers
 
 
 def adversarial(n: int = 50) -> tuple[list[str], list[str]]:
@@ -129,6 +147,13 @@ def adversarial(n: int = 50) -> tuple[list[str], list[str]]:
     return completions, ["1"] * n
 
 
+def adversarial_sympy(n: int = 10) -> tuple[list[str], list[str]]:
+    """Hostile to JustRL's sympy stage (``--justrl``): its guard checks ``^`` but lets ``**`` through, and a
+    non-integer gold sends the pair to ``sympy.simplify``."""
+    completions = [f"\\boxed{{9**9**{99 + i}}}" if i % 2 else f"\\boxed{{(9**9)**(9**{9 + i})}}" for i in range(n)]
+    return completions, ["1.5"] * n
+
+
 def raw_math_verify(completions: list[str], golds: list[str]) -> int:
     from math_verify import parse, verify
 
@@ -140,23 +165,28 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_pass(mode: str, comps: list[str], golds: list[str], timeout: float, workers: int) -> dict:
-    """Grade all pairs once in this (fresh) process: sequentially, or with grade() (its start-up included)."""
+def one_pass(mode: str, comps: list[str], golds: list[str], timeout: float, workers: int,
+             justrl: list[str] | None = None) -> dict:
+    """Grade all pairs once in this (fresh) process: sequentially, or with grade() (its start-up included); with
+    ``justrl`` (JustRL's golds), both rule stages, as ``stapo eval`` does."""
     from stapo import grading
 
     cpu0 = os.times()
     if mode == "seq":
-        out, seconds = timed(lambda: [grading.grade_one(c, g, timeout) for c, g in zip(comps, golds)])
+        jgolds = justrl or [None] * len(golds)
+        out, seconds = timed(lambda: [grading.grade_one(c, g, timeout, justrl_gold=j)
+                                      for c, g, j in zip(comps, golds, jgolds)])
         cpu = sum(os.times()[:2]) - sum(cpu0[:2])
     else:
-        out, seconds = timed(grading.grade, comps, golds, timeout=timeout, workers=workers)
+        out, seconds = timed(grading.grade, comps, golds, timeout=timeout, workers=workers, justrl_golds=justrl)
         cpu = sum(_proc_cpu(w.proc.pid) for w in grading._POOL) + sum(os.times()[:2]) - sum(cpu0[:2])
-    return {"seconds": seconds, "cpu": cpu, "verdicts": [g.correct for g in out]}
+    return {"seconds": seconds, "cpu": cpu, "verdicts": [(g.correct, g.justrl_correct) for g in out]}
 
 
 def child_pass(mode: str, args, workers: int, distinct: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--mode", mode, "--pairs", str(args.pairs), "--workers", str(workers),
-           "--timeout", str(args.timeout), "--data-dir", str(args.data_dir)] + (["--distinct"] if distinct else [])
+           "--timeout", str(args.timeout), "--data-dir", str(args.data_dir)] + (["--distinct"] if distinct else []) \
+        + (["--justrl"] if args.justrl else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -180,15 +210,16 @@ def main() -> None:
     p.add_argument("--mode", choices=["seq", "pool"], help=argparse.SUPPRESS)  # internal: one child pass
     p.add_argument("--distinct", action="store_true", help=argparse.SUPPRESS)  # internal: distinct pairs only
     p.add_argument("--json", type=Path, help="also write the figures here")
+    p.add_argument("--justrl", action="store_true", help="both rule stages (grade(justrl_golds=...), as stapo eval)")
     args = p.parse_args()
     workers = args.workers or default_workers()
 
-    comps, golds = make_pairs(load_golds(args.data_dir), args.pairs)
-    distinct = list(dict.fromkeys(zip(comps, golds)))  # no repeated (completion, gold): the pool alone
+    comps, golds, jgolds = make_pairs(load_golds(args.data_dir), args.pairs)
+    distinct = list(dict.fromkeys(zip(comps, golds, jgolds)))  # no repeated (completion, gold): the pool alone
     if args.mode:  # child: one timed pass in a fresh process, figures on stdout
         if args.distinct:
-            comps, golds = [c for c, _ in distinct], [g for _, g in distinct]
-        print(json.dumps(one_pass(args.mode, comps, golds, args.timeout, workers)))
+            comps, golds, jgolds = ([d[k] for d in distinct] for k in range(3))
+        print(json.dumps(one_pass(args.mode, comps, golds, args.timeout, workers, jgolds if args.justrl else None)))
         return
     # Each pass runs in a fresh process (cold caches for both), alternating the order to spread the load of other
     # jobs on a shared machine; totals over the rounds.
@@ -208,12 +239,18 @@ def main() -> None:
 
     PWNED.unlink(missing_ok=True)
     adv, adv_golds = adversarial(50)
-    adv_grades, t_adv = timed(grade, adv, adv_golds, timeout=args.timeout, workers=workers)
-    budget = 50 * args.timeout / workers + 10
+    adv_justrl = None
+    if args.justrl:  # JustRL's stage on the same 50, and 10 aimed at its sympy comparison
+        sympy_adv, sympy_golds = adversarial_sympy(10)
+        adv, adv_golds, adv_justrl = adv + sympy_adv, adv_golds + sympy_golds, adv_golds + sympy_golds
+    adv_grades, t_adv = timed(grade, adv, adv_golds, timeout=args.timeout, workers=workers, justrl_golds=adv_justrl)
+    budget = len(adv) * args.timeout * (2 if args.justrl else 1) / workers + 10  # each stage has its deadline
     status = {s: sum(g.status == s for g in adv_grades) for s in ("ok", "timeout", "unparsable", "error")}
+    justrl_status = {s: sum(g.justrl_status == s for g in adv_grades) for s in ("ok", "no_box", "timeout", "error")}
     figures = {
         "pairs": len(comps), "workers": workers, "timeout_s": args.timeout,
-        "rounds": args.rounds, "correct_verdicts": sum(passes["seq"][0]["verdicts"]),
+        "rounds": args.rounds, "correct_verdicts": sum(bool(v[0]) for v in passes["seq"][0]["verdicts"]),
+        "justrl_correct_verdicts": sum(bool(v[1]) for v in passes["seq"][0]["verdicts"]) if args.justrl else None,
         "grade_answers_per_s": n_total / t_warm, "sequential_grade_one_answers_per_s": n_total / t_seq,
         "grade_cpu_seconds": sum(p["cpu"] for p in passes["pool"]),
         "sequential_cpu_seconds": sum(p["cpu"] for p in passes["seq"]),
@@ -223,7 +260,8 @@ def main() -> None:
         "distinct_grade_cpu_seconds": sum(p["cpu"] for p in unique["pool"]),
         "distinct_sequential_cpu_seconds": sum(p["cpu"] for p in unique["seq"]),
         "adversarial_seconds": t_adv, "adversarial_budget_seconds": budget, "adversarial_status": status,
-        "adversarial_any_correct": any(g.correct for g in adv_grades), "pwned_file_created": PWNED.exists(),
+        "adversarial_any_correct": any(g.correct or g.justrl_correct for g in adv_grades),
+        "adversarial_justrl_status": justrl_status if args.justrl else None, "pwned_file_created": PWNED.exists(),
     }
     print(json.dumps(figures, indent=2))
     if args.json:

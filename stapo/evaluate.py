@@ -13,19 +13,22 @@ it is read, and the numeric options; ``--out``, then its lock: one writer per ou
 benchmark file, the cache; then ``check_model``: the spec, and a checkpoint's or final/'s SHA-256 manifest), so a
 bad input fails in seconds with one line naming the file or the option.
 
-Grading (stapo.grading; README "How scores are computed"): the reported verdict is strict (the final ``\\boxed{}``
-only); the lenient fallback is kept per sample as a diagnostic. With ``eval.verifier`` set, an LLM verifier
-(CompassVerifier, stapo/verifier.py) re-judges the samples the rule grader marked wrong; a verifier that cannot be
-loaded (not bundled, not a local directory with weights, not in the local Hugging Face cache while the hub is off
-or unreachable) fails the preflight with one line saying how to get it or turn it off (``eval.verifier: null``).
-``eval.protocol`` (``justrl``, the paper's, or ``harness``) picks the prompt (stapo.data) and the verifier's inputs
-and verdict parsing (stapo.verifier); it is recorded in the summary's ``generation`` block and keys the cache.
+Grading (stapo.grading; README "How scores are computed"): two rule stages grade every sample, and
+``eval.protocol`` picks the reported one: ``justrl`` (the paper's) JustRL's ``grade_answer_verl``
+(stapo.justrl_grading) against JustRL's gold strings, ``harness`` the strict final ``\\boxed{}`` by math-verify;
+both verdicts, and the harness's lenient fallback (a diagnostic), are kept per sample. With ``eval.verifier`` set,
+an LLM verifier (CompassVerifier, stapo/verifier.py) re-judges the samples the protocol's rule stage marked wrong; a
+verifier that cannot be loaded (not bundled, not a local directory with weights, not in the local Hugging Face cache
+while the hub is off or unreachable) fails the preflight with one line saying how to get it or turn it off
+(``eval.verifier: null``). ``eval.protocol`` (``justrl``, the paper's, or ``harness``) also picks the prompt
+(stapo.data), the gold and the verifier's inputs and verdict parsing (stapo.verifier); it is recorded in the
+summary's ``generation`` block and keys the cache.
 
 Outputs (written atomically): FILE.jsonl, one record per sample {problem_id, sample, completion, extracted, gold,
-correct, status, correct_fallback, extracted_fallback, tokens, truncated} (+ verifier, correct_verified); then
-FILE.summary.json (stapo.scoring: avg@N with a 95 % bootstrap CI over problems, unbiased pass@1 and pass@N, maj@N,
-counts, truncation and no-box rates, the fallback and verifier-corrected avg@N, generation settings, model,
-lm-eval version).
+correct, status, correct_harness, correct_justrl, status_justrl, correct_fallback, extracted_fallback, tokens,
+truncated} (+ verifier, correct_verified); then FILE.summary.json (stapo.scoring: avg@N with a 95 % bootstrap CI
+over problems, unbiased pass@1 and pass@N, maj@N, counts, truncation and no-box rates, each rule stage's avg@N and
+the samples they split, the fallback and verifier-corrected avg@N, generation settings, model, lm-eval version).
 """
 
 from __future__ import annotations
@@ -346,10 +349,12 @@ def _evaluate(args: argparse.Namespace, cfg: EvalConfig, out: Path) -> int:
 
 
 def grade_records(problems: list[dict], cfg: EvalConfig, tokenizer, timeout: float) -> list[dict]:
-    """Strict grading of every completion (one pooled pass; the fallback verdict comes with it) into records."""
+    """Both rule stages on every completion (one pooled pass: the harness's strict grade with its fallback, and
+    JustRL's ``grade_answer_verl`` against JustRL's gold) into records; ``cfg.protocol`` picks the reported one."""
     completions = [c for p in problems for c in p["completions"]]
     golds = [p["gold"] for p in problems for _ in p["completions"]]
-    grades = grade(completions, golds, timeout=timeout, strict=True)
+    justrl_golds = [p.get("gold_justrl") or p["gold"] for p in problems for _ in p["completions"]]
+    grades = grade(completions, golds, timeout=timeout, strict=True, justrl_golds=justrl_golds)
     ids = tokenizer(completions, add_special_tokens=False)["input_ids"] if completions else []
     n_tokens = [len(i) for i in ids]
-    return build_records(problems, grades, n_tokens, cfg.max_new_tokens)
+    return build_records(problems, grades, n_tokens, cfg.max_new_tokens, cfg.protocol)

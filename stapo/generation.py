@@ -274,7 +274,7 @@ def with_stop_tokens(cfg: EvalConfig, tokenizer) -> EvalConfig:
 
 def generate(cfg: EvalConfig, model_path: str, store: GenerationCache,
              known: dict[str, str] | None = None) -> tuple[list[dict], dict]:
-    """Run lm-eval; one entry per problem {problem_id, problem, gold, completions[N]} and the cache stats
+    """Run lm-eval; one entry per problem {problem_id, problem, gold, gold_justrl, completions[N]} and the cache stats
     (``known``: SHA-256 of the model's files, already verified by the caller)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -297,6 +297,7 @@ def generate(cfg: EvalConfig, model_path: str, store: GenerationCache,
         completions = [r for group in sample["resps"] for r in (group if isinstance(group, list) else [group])]
         if len(completions) != cfg.n:
             raise RuntimeError(f"{name} doc {sample['doc_id']}: {len(completions)} completions, expected {cfg.n}")
-        problems.append({"problem_id": sample["doc"]["id"], "problem": sample["doc"]["problem"],
-                         "gold": sample["doc"]["answer"], "completions": completions})
+        doc = sample["doc"]
+        problems.append({"problem_id": doc["id"], "problem": doc["problem"], "gold": doc["answer"],
+                         "gold_justrl": doc.get("answer_justrl") or doc["answer"], "completions": completions})
     return problems, dict(lm.stats)

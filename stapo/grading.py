@@ -7,6 +7,9 @@
   ``stapo.answers.final_box``). No box, an unclosed final box (truncated mid-answer) or a box longer than
   ``MAX_BOX_CHARS`` is wrong (status ``no_box`` / ``unparsable``): the paper's prompt asks for a box, and leniency
   here favours runs whose entropy runs away (a rambling completion always contains some number).
+* **justrl** (``Grade.justrl_correct``, when ``grade`` is given ``justrl_golds``; the rule verdict of
+  ``eval.protocol: justrl``): JustRL's ``grade_answer_verl`` (stapo.justrl_grading) on the last ``\\boxed{}``
+  against JustRL's gold string, with the same deadline as the others (in its own SIGALRM window, after them).
 * **fallback** (``Grade.fallback_correct``; a diagnostic, and the ``math_verify`` training reward's verdict): the
   final box if there is one, else math-verify's own LaTeX extraction from the completion's last
   ``MAX_COMPLETION_CHARS`` characters, else the last plain number of that tail ("... = 19.").
@@ -48,6 +51,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from multiprocessing.connection import wait
 
+from stapo import justrl_grading
 from stapo.answers import MAX_COMPLETION_CHARS, TOO_LONG, extract_answer, final_box, last_number, normalize_answer, \
     normalize_notation
 
@@ -72,6 +76,9 @@ class Grade:
                (no answer found / not parsable / box too long), "error" (the worker crashed, e.g. out of memory).
     fallback_correct, fallback_extracted: the lenient fallback's verdict and answer (a diagnostic; equal to the
                strict ones whenever the completion has a final box).
+    justrl_correct, justrl_status: JustRL's rule verdict (stapo.justrl_grading) against the JustRL gold, and its
+               status ("ok", "no_box": no closed last ``\\boxed{}``, "timeout", "error"); None when ``grade`` was
+               not given JustRL golds.
     """
 
     correct: bool
@@ -79,6 +86,8 @@ class Grade:
     status: str
     fallback_correct: bool = False
     fallback_extracted: str | None = None
+    justrl_correct: bool | None = None
+    justrl_status: str | None = None
 
 
 _TOO_LONG_MARK = "\x00too-long"  # answers.TOO_LONG as sent to a worker (a picklable string no completion contains)
@@ -128,27 +137,32 @@ for _name in ("math_verify.grader", "math_verify.parser"):
     logging.getLogger(_name).addFilter(_OwnTimeouts())
 
 
-def grade_one(completion: str, gold: str, timeout: float = 5.0, strict: bool = False) -> Grade:
+def grade_one(completion: str, gold: str, timeout: float = 5.0, strict: bool = False,
+              justrl_gold: str | None = None) -> Grade:
     """Grade one completion in THIS process, within ``timeout`` s (a SIGALRM deadline: call from a main thread).
 
     This is what a worker runs (on :func:`_parts`); ``grade`` adds the process pool and the hard deadline around it.
     """
-    return _choose(_grade_parts(*_parts(completion), str(gold), timeout), strict)
+    box, tail, justrl = _parts(completion, justrl_gold)
+    return _choose({**_grade_parts(box, tail, str(gold), timeout), **_grade_justrl(justrl, timeout)}, strict)
 
 
-def _parts(completion: str) -> tuple:
-    """(final box or None / TOO_LONG marker string, the tail the fallback parses): all a worker needs."""
+def _parts(completion: str, justrl_gold: str | None = None) -> tuple:
+    """(final box or None / TOO_LONG marker string, the tail the fallback parses, the JustRL job: (its extracted
+    answer, its gold) or None without a JustRL gold): all a worker needs."""
     box = final_box(completion)
-    return (_TOO_LONG_MARK if box is TOO_LONG else box), completion[-MAX_COMPLETION_CHARS:]
+    justrl = None if justrl_gold is None else (justrl_grading.extract_answer(completion), str(justrl_gold))
+    return (_TOO_LONG_MARK if box is TOO_LONG else box), completion[-MAX_COMPLETION_CHARS:], justrl
 
 
 def _choose(verdicts: dict, strict: bool) -> Grade:
-    """The Grade of one policy from the worker's two verdicts."""
+    """The Grade of one policy from the worker's verdicts."""
+    justrl = verdicts.get("justrl_correct"), verdicts.get("justrl_status")
     if strict:
         return Grade(verdicts["correct"], verdicts["extracted"], verdicts["status"], verdicts["fallback_correct"],
-                     verdicts["fallback_extracted"])
+                     verdicts["fallback_extracted"], *justrl)
     return Grade(verdicts["fallback_correct"], verdicts["fallback_extracted"], verdicts["fallback_status"],
-                 verdicts["fallback_correct"], verdicts["fallback_extracted"])
+                 verdicts["fallback_correct"], verdicts["fallback_extracted"], *justrl)
 
 
 @contextmanager
@@ -177,6 +191,24 @@ def _grade_parts(box: str | None, tail: str, gold: str, timeout: float) -> dict:
     strict_status = "unparsable" if too_long else "no_box"
     return dict(correct=False, extracted=None, status=strict_status, fallback_correct=ok, fallback_extracted=extracted,
                 fallback_status=status)
+
+
+def _grade_justrl(job: tuple[str | None, str] | None, timeout: float) -> dict:
+    """JustRL's verdict on (its extracted answer, its gold), within its own ``timeout`` s; {} when not asked for.
+
+    Python's default int/str digit limit is kept (JustRL ran without raising it).
+    """
+    if job is None:
+        return {}
+    answer, gold = job
+    try:
+        with _deadline(timeout):
+            ok = justrl_grading.grade_extracted(answer, gold)
+    except _Timeout:
+        return dict(justrl_correct=False, justrl_status="timeout")
+    except (MemoryError, Exception):  # the port catches what JustRL's bare excepts do; anything else is an error
+        return dict(justrl_correct=False, justrl_status="error")
+    return dict(justrl_correct=ok, justrl_status="ok" if answer is not None else "no_box")
 
 
 def _verify(answer: str, gold: str, normalize: bool) -> tuple[bool, str, str]:
@@ -216,7 +248,8 @@ def _fallback(tail: str, gold: str) -> tuple[bool, str | None, str]:
 
 
 def _worker_main(conn, memory_bytes: int) -> None:
-    """Worker loop: receive (box, tail, gold, timeout), send back the verdicts dict; exits on None or EOF."""
+    """Worker loop: receive (box, tail, gold, timeout, justrl job or None), send back the verdicts dict; exits on
+    None or EOF."""
     import resource
 
     if memory_bytes:
@@ -229,19 +262,21 @@ def _worker_main(conn, memory_bytes: int) -> None:
             return
         if job is None:
             return
-        box, tail, gold, timeout = job
+        box, tail, gold, timeout, justrl = job
         try:
             result = _grade_parts(box, tail, gold, timeout)
         except (MemoryError, Exception):  # math-verify on exotic input: a wrong answer, not a crash of the batch
             result = _failed(box, tail, "error")
-        conn.send(result)
+        conn.send({**result, **_grade_justrl(justrl, timeout)})
 
 
-def _failed(box: str | None, tail: str, status: str) -> dict:
-    """Verdicts of a completion whose grading failed (worker error, or killed past its deadline)."""
+def _failed(box: str | None, tail: str, status: str, justrl=None) -> dict:
+    """Verdicts of a completion whose grading failed (worker error, or killed past its deadline); with its JustRL
+    job (``justrl``), that verdict fails too (the parent killed the worker, whichever stage hung)."""
     head = None if box is None or box == _TOO_LONG_MARK else box
-    return dict(correct=False, extracted=head, status=status, fallback_correct=False,
-                fallback_extracted=head if head is not None else extract_answer(tail), fallback_status=status)
+    failed = dict(correct=False, extracted=head, status=status, fallback_correct=False,
+                  fallback_extracted=head if head is not None else extract_answer(tail), fallback_status=status)
+    return failed if justrl is None else {**failed, "justrl_correct": False, "justrl_status": status}
 
 
 def _context():
@@ -249,7 +284,7 @@ def _context():
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["math_verify", "stapo.grading"])
+    ctx.set_forkserver_preload(["math_verify", "stapo.grading", "pylatexenc.latex2text"])
     return ctx
 
 
@@ -275,12 +310,14 @@ class _Worker:
         return self.head_since + self.timeout + HARD_GRACE if self.jobs else math.inf
 
     def submit(self, index: int, parts: tuple, gold: str, timeout: float) -> None:
+        """Send one job: ``parts`` = (final box, tail, JustRL job or None); each stage has ``timeout`` s."""
         # only the final box and the tail are graded: small messages, so the pipe never blocks us
-        self.conn.send((*parts, gold, timeout))
+        box, tail, justrl = parts
+        self.conn.send((box, tail, gold, timeout, justrl))
         if not self.jobs:
             self.head_since = time.monotonic()
         self.jobs.append(index)
-        self.timeout = timeout
+        self.timeout = timeout * (1 if justrl is None else 2)  # the stages' deadlines run one after the other
 
     def receive(self) -> tuple[int, dict]:
         """The head job's verdicts (raises EOFError/OSError if the worker died)."""
@@ -337,19 +374,24 @@ def shutdown() -> None:
 
 
 def grade(completions: list[str], golds: list[str], *, timeout: float = 5.0, workers: int | None = None,
-          strict: bool = False) -> list[Grade]:
+          strict: bool = False, justrl_golds: list[str] | None = None) -> list[Grade]:
     """Grade ``completions[i]`` against ``golds[i]``, in parallel worker processes, ``timeout`` s wall per answer.
 
     ``strict=True``: ``Grade.correct`` is the final-box verdict (reported accuracy, ``stapo eval``); the default
     ``False`` keeps the lenient fallback as ``correct`` (the ``math_verify`` training reward). Both verdicts are in
-    every Grade either way (one grading pass).
+    every Grade either way (one grading pass). With ``justrl_golds`` (JustRL's gold strings, one per completion),
+    each Grade also has JustRL's rule verdict (``justrl_correct``), graded in the same pass.
     Identical pairs (same final box, or same tail without one, and same gold) are graded once (``_unique_jobs``).
     """
     if len(completions) != len(golds):
         raise ValueError(f"grade: {len(completions)} completions but {len(golds)} golds")
+    if justrl_golds is not None and len(justrl_golds) != len(golds):
+        raise ValueError(f"grade: {len(golds)} golds but {len(justrl_golds)} JustRL golds")
+    if justrl_golds is not None:
+        justrl_grading._latex_to_text()  # a missing pylatexenc fails here, not as an "error" verdict per sample
     if not completions:
         return []
-    parts, unique_golds, first_of = _unique_jobs(completions, golds)
+    parts, unique_golds, first_of = _unique_jobs(completions, golds, justrl_golds)
     n_workers = max(1, min(workers or default_workers(), len(parts)))
     ctx = _context()
     results: list[dict | None] = [None] * len(parts)
@@ -365,21 +407,22 @@ def grade(completions: list[str], golds: list[str], *, timeout: float = 5.0, wor
     return [_choose(results[j], strict) for j in first_of]  # type: ignore[arg-type]
 
 
-def _unique_jobs(completions, golds) -> tuple[list[tuple], list[str], list[int]]:
+def _unique_jobs(completions, golds, justrl_golds=None) -> tuple[list[tuple], list[str], list[int]]:
     """The distinct grading jobs: (their parts, their golds, and for each pair the index of its job).
 
-    A verdict depends only on the final box (or, without a usable one, the tail the fallback reads) and the gold,
-    so identical pairs are graded once: avg@N's samples of one problem often end in the same box.
+    A verdict depends only on the final box (or, without a usable one, the tail the fallback reads), the gold and
+    the JustRL job (its box and gold), so identical pairs are graded once: avg@N's samples of one problem often end
+    in the same box.
     """
     index: dict[tuple, int] = {}
     parts, unique_golds, first_of = [], [], []
-    for completion, gold in zip(completions, golds):
-        box, tail = _parts(str(completion))
+    for k, (completion, gold) in enumerate(zip(completions, golds)):
+        box, tail, justrl = _parts(str(completion), None if justrl_golds is None else justrl_golds[k])
         usable = box is not None and box != _TOO_LONG_MARK
-        key = (box, None if usable else tail, str(gold))
+        key = (box, None if usable else tail, str(gold), justrl)
         j = index.setdefault(key, len(parts))
         if j == len(parts):
-            parts.append((box, tail))
+            parts.append((box, tail, justrl))
             unique_golds.append(str(gold))
         first_of.append(j)
     return parts, unique_golds, first_of
@@ -415,7 +458,8 @@ def _run_pool(pool, ctx, parts, golds, timeout, results) -> None:
         w = pool[k]
         if w.jobs and status is not None:
             i = w.jobs.popleft()
-            results[i] = _failed(*parts[i], status)
+            box, tail, justrl = parts[i]
+            results[i] = _failed(box, tail, status, justrl)
         queues[k].extendleft(reversed(w.jobs))
         w.jobs.clear()
         w.kill()

@@ -11,13 +11,14 @@ Outputs (under ``--out``, each written atomically):
                  paper's v2 numbers and our Δ follow each method's row. Where the evaluation ran the LLM verifier
                  (the paper's protocol) a cell shows "verifier-corrected / rule-only" side by side; else the strict
                  rule grade alone. Footnotes name the protocol the table was made with: each evaluation's
-                 ``eval.protocol`` and verifier (FILE.summary.json) and each run's recorded training protocol
-                 (runs/<model>/<method>/config.yaml: method.loss_agg_mode, method.quantile_scope, train.prompt,
-                 trl.normaliser), per method where they differ
+                 ``eval.protocol``, rule stage and verifier (FILE.summary.json) and each run's recorded training
+                 protocol (runs/<model>/<method>/config.yaml: method.loss_agg_mode, method.quantile_scope,
+                 train.prompt, trl.normaliser), per method where they differ
     table.tex    the same as LaTeX (booktabs)
     scores.csv   every evaluated cell (all checkpoints) with its 95 % CI, plus per-row averages; per cell also the
                  rule-only, verifier-corrected and lenient-fallback accuracies, truncation and no-box rates, the
-                 eval.protocol and the verifier (empty: none); the average rows also average rule-only and corrected
+                 eval.protocol and the verifier (empty: none), the rule stage, both rule stages' accuracies and the
+                 samples on which they differ; the average rows also average rule-only and corrected
     figures/<model>_<kind>.{png,pdf}   for each of ``FIGURE_KINDS`` (what each plots: ``stapo.figures``)
     figures/<model>_<kind>.{png,pdf}, figures/spurious_ratio.{png,pdf}   the comparison figures
                  (``stapo.comparison_figures``: Pareto, τ_p / q sweeps, masking ablation, FullMask, spurious ratio)
@@ -47,7 +48,7 @@ from stapo.atomic import atomic_write, check_creatable_dir
 from stapo import comparison_figures, seed_report
 from stapo.errors import UserError
 from stapo.figures import CAPTIONS, FIGURE_KINDS, settings_order, write_figures  # FIGURE_KINDS: always written
-from stapo.scoring import DamagedScores
+from stapo.scoring import RULE_STAGES, DamagedScores
 from stapo.seed_statistics import seed_cell
 from stapo.names import BENCHMARKS, METHODS, MODELS, PAPER_BENCHMARKS, SETTINGS, paper_key
 
@@ -79,6 +80,11 @@ class Score:
     protocol: str | None = None  # eval.protocol of the evaluation (None: a summary from before it was recorded)
     verifier_model: str | None = None  # the LLM verifier that corrected it (None: rule grading only)
     n_seeds: int = 1  # several: the mean over seeds, its CI over seeds and problems (stapo.seed_report)
+    rule_stage: str | None = None  # the rule stage rule_accuracy is (stapo.scoring.RULE_STAGES; None: math-verify,
+    #                                from before the summary recorded it)
+    rule_justrl: float | None = None  # each rule stage's avg@n (None: not recorded)
+    rule_harness: float | None = None
+    rule_moved: int | None = None  # samples on which the two rule stages disagree
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -117,7 +123,9 @@ def _read_summary(path: Path, model: str, method: str, ckpt: str, benchmark: str
         protocol += " + worked example"
     return Score(model, method, ckpt, benchmark, setting, acc, lo, hi, s.get("n_samples"), s.get("problems"), rule,
                  None if corrected is None else acc, s.get("avg_at_n_fallback"), s.get("truncation_rate"),
-                 s.get("no_box_rate"), protocol, verifier)
+                 s.get("no_box_rate"), protocol, verifier, rule_stage=s.get("rule_stage"),
+                 rule_justrl=s.get("avg_at_n_justrl"), rule_harness=s.get("avg_at_n_harness"),
+                 rule_moved=s.get("rule_moved"))
 
 
 def _mean(values) -> float | None:
@@ -143,7 +151,11 @@ def _across_seeds(scores_dir, per_seed: dict[tuple, list[Score]]) -> list[Score]
                          head.mean if samples.corrected is not None else None,
                          _mean(g.fallback_accuracy for g in group), _mean(g.truncation_rate for g in group),
                          _mean(g.no_box_rate for g in group), group[0].protocol, group[0].verifier_model,
-                         n_seeds=len(samples.seeds)))
+                         n_seeds=len(samples.seeds), rule_stage=group[0].rule_stage,
+                         rule_justrl=_mean(g.rule_justrl for g in group),
+                         rule_harness=_mean(g.rule_harness for g in group),
+                         rule_moved=None if any(g.rule_moved is None for g in group)
+                         else sum(g.rule_moved for g in group)))
     return out
 
 
@@ -357,6 +369,20 @@ def _eval_protocol_note(entry: dict, study: stapo_study.Study) -> str:
             + "; ".join(f"{study.label('methods', m)}: {described(c)}" for m, c in by_method.items() if c) + ".")
 
 
+def _rule_stage_note(entry: dict) -> str:
+    """Which rule stage graded the table's cells (each summary's ``rule_stage``; one from before it was recorded
+    was the harness's math-verify grade), and how many samples the other stage would have judged differently."""
+    cells = list(entry["cells"].values())
+    stages = sorted({RULE_STAGES[s.rule_stage or "harness"] for s in cells})
+    note = "Rule stage: " + (stages[0] if len(stages) == 1 else "MIXED — " + " + ".join(stages)) + "."
+    moved = [s.rule_moved for s in cells]
+    if cells and all(m is not None for m in moved):
+        samples = sum((s.problems or 0) * (s.n_samples or 0) * s.n_seeds for s in cells)
+        note += (f" The other rule stage (eval.protocol justrl / harness) judges {sum(moved)} of {samples} samples "
+                 "differently; each cell's two rule-only accuracies in scores.csv.")
+    return note
+
+
 def _train_protocol_note(entry: dict, model: str, runs: dict, study: stapo_study.Study) -> str | None:
     """The training protocol recorded by each trained method's run (runs/<model>/<method>/config.yaml); a key on
     which the runs disagree is named per method and called mixed."""
@@ -385,12 +411,12 @@ def _footnotes(entry: dict, model: str, study: stapo_study.Study, runs: dict | N
     notes = [f"Cells: accuracy (%), avg@n over samples, {_settings_note(entry['settings'], study)}; 95 % CIs in "
              "scores.csv. Trained methods: final checkpoint; Base: the untrained model."]
     if _verified(entry):
-        notes.append("Cells: verifier-corrected / rule-only accuracy. Verifier-corrected: the strict rule grade "
-                     "(final \\boxed{} answer, math-verify) corrected by the LLM verifier (the paper's protocol; "
+        notes.append("Cells: verifier-corrected / rule-only accuracy. Verifier-corrected: the rule grade "
+                     "(the rule stage below) corrected by the LLM verifier (the paper's protocol; "
                      "the table's headline, compared with the paper); rule-only: before correction. A cell with "
                      "one number was not verifier-corrected.")
     else:
-        notes.append("Accuracy: strict rule grade (final \\boxed{} answer, math-verify), no LLM-verifier "
+        notes.append("Accuracy: rule grade (the rule stage below), no LLM-verifier "
                      "correction (the paper's numbers are verifier-corrected); truncation and no-box rates in "
                      "scores.csv.")
     seeds = sorted({c.n_seeds for c in entry["cells"].values() if c.n_seeds > 1})
@@ -399,6 +425,7 @@ def _footnotes(entry: dict, model: str, study: stapo_study.Study, runs: dict | N
                      f"{study.seeds}), 95 % CIs over seeds and problems; each seed's number and the paired "
                      "method differences with their CIs: [seeds.md](seeds.md).")
     notes.append(_eval_protocol_note(entry, study))
+    notes.append(_rule_stage_note(entry))
     train_note = _train_protocol_note(entry, model, runs or {}, study)
     if train_note:
         notes.append(train_note)
@@ -466,7 +493,8 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["model", "method", "ckpt", "benchmark", "setting", "accuracy", "ci95_lo", "ci95_hi",
                 "n_samples", "problems", "paper_v2", "delta", "rule_accuracy", "corrected_accuracy",
-                "fallback_accuracy", "truncation_rate", "no_box_rate", "protocol", "verifier", "n_seeds"])
+                "fallback_accuracy", "truncation_rate", "no_box_rate", "protocol", "verifier", "n_seeds",
+                "rule_stage", "rule_accuracy_justrl", "rule_accuracy_harness", "rule_moved_samples"])
     opt = lambda v: "" if v is None else f"{v:.4f}"  # noqa: E731
 
     for s in scores:
@@ -475,7 +503,8 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
                     f"{s.ci_hi:.4f}", s.n_samples, s.problems, _fmt(p).replace("–", ""),
                     "" if p is None else f"{s.accuracy - p:.4f}", opt(s.rule_accuracy), opt(s.corrected_accuracy),
                     opt(s.fallback_accuracy), opt(s.truncation_rate), opt(s.no_box_rate), s.protocol or "",
-                    s.verifier_model or "", s.n_seeds])
+                    s.verifier_model or "", s.n_seeds, s.rule_stage or "", opt(s.rule_justrl),
+                    opt(s.rule_harness), "" if s.rule_moved is None else s.rule_moved])
     for model, entry in layout.items():
         full = set(PAPER_BENCHMARKS) <= set(entry["benchmarks"])
         for method in entry["methods"]:

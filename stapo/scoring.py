@@ -19,13 +19,25 @@ from stapo.errors import UserError
 from stapo.study.evaluation import EvalConfig
 
 __all__ = ["build_records", "avg_at_n", "pass_at_k", "maj_at_n", "bootstrap_ci", "summarize", "BOOTSTRAP_ITERS",
-           "DamagedScores", "read_samples", "samples_file_digest"]
+           "DamagedScores", "read_samples", "samples_file_digest", "RULE_STAGES"]
 
 BOOTSTRAP_ITERS = 10_000
+RULE_STAGES = {  # eval.protocol -> the rule stage its avg_at_n is (the summary's "grading"; report footnotes)
+    "justrl": "JustRL's grade_answer_verl (last \\boxed{}; mathd normalisation, then sympy) against JustRL's golds",
+    "harness": "strict: the final \\boxed{} answer (math-verify)",
+}
 
 
-def build_records(problems: list[dict], grades: list, n_tokens: list[int], max_new_tokens: int) -> list[dict]:
-    """Per-sample records: the strict verdict (reported), the fallback diagnostic, length and truncation.
+def build_records(problems: list[dict], grades: list, n_tokens: list[int], max_new_tokens: int,
+                  protocol: str = "harness") -> list[dict]:
+    """Per-sample records: the protocol's rule verdict (reported), both rule stages' verdicts, the fallback
+    diagnostic, length and truncation.
+
+    ``correct`` and ``gold`` are the protocol's (``justrl``: JustRL's verdict and gold string, what its verifier
+    re-judges; ``harness``: the strict final box by math-verify against the clean gold); ``correct_harness`` and
+    ``correct_justrl`` are both rule stages' verdicts whatever the protocol (``correct_justrl`` None if the grades
+    have none), so a report can count the samples the choice moves. ``extracted`` and ``status`` are the strict
+    final box's (the no-box, unparsable and timeout counts).
 
     ``truncated``: the completion's re-tokenised length reaches ``max_new_tokens`` (it did not stop at an
     end-of-turn token). lm-eval returns text only, so the length is re-counted from the text; decode then encode
@@ -37,8 +49,12 @@ def build_records(problems: list[dict], grades: list, n_tokens: list[int], max_n
     for p in problems:
         for k, text in enumerate(p["completions"]):
             g, tokens = next(it)
+            justrl = protocol == "justrl"
             records.append({"problem_id": p["problem_id"], "sample": k, "completion": text, "extracted": g.extracted,
-                            "gold": p["gold"], "correct": g.correct, "status": g.status,
+                            "gold": p.get("gold_justrl") or p["gold"] if justrl else p["gold"],
+                            "correct": bool(g.justrl_correct) if justrl else g.correct, "status": g.status,
+                            "correct_harness": g.correct, "correct_justrl": g.justrl_correct,
+                            "status_justrl": g.justrl_status,
                             "correct_fallback": g.fallback_correct, "extracted_fallback": g.fallback_extracted,
                             "tokens": tokens, "truncated": tokens >= max_new_tokens})
     return records
@@ -95,7 +111,9 @@ def _rate(count: int, total: int) -> float:
 def summarize(records: list[dict], cfg: EvalConfig, model: str, verifier: dict | None = None) -> dict:
     """FILE.summary.json from the per-sample records (grouped by problem, in order).
 
-    ``avg_at_n`` is the strict rule verdict (final box); ``avg_at_n_fallback`` the lenient diagnostic;
+    ``avg_at_n`` is the protocol's rule verdict (``RULE_STAGES``); ``avg_at_n_harness`` / ``avg_at_n_justrl``
+    each rule stage's, and ``rule_moved`` the samples on which they differ; ``avg_at_n_fallback`` the lenient
+    diagnostic;
     ``avg_at_n_corrected`` (with a verifier; None without) the rule verdict corrected by the LLM verifier, which is
     what the paper reports. Rates are % of samples.
     """
@@ -109,6 +127,7 @@ def summarize(records: list[dict], cfg: EvalConfig, model: str, verifier: dict |
     status = Counter(r["status"] for r in records)
     truncated = sum(bool(r.get("truncated")) for r in records)
     corrected = _matrix(groups, "correct_verified", cfg.n) if verifier else None
+    both = groups and all(r.get("correct_justrl") is not None for r in records)
     return {
         "benchmark": cfg.benchmark, "setting": cfg.setting, "model": model,
         "avg_at_n": avg_at_n(correct), "ci95": bootstrap_ci(correct),
@@ -122,7 +141,11 @@ def summarize(records: list[dict], cfg: EvalConfig, model: str, verifier: dict |
         "avg_at_n_corrected": avg_at_n(corrected) if corrected is not None else None,
         "ci95_corrected": bootstrap_ci(corrected) if corrected is not None else None,
         "verifier": verifier,
-        "grading": "strict: the final \\boxed{} answer (math-verify); fallback and verifier-corrected alongside",
+        "rule_stage": cfg.protocol,
+        "avg_at_n_harness": avg_at_n(_matrix(groups, "correct_harness", cfg.n)) if both else None,
+        "avg_at_n_justrl": avg_at_n(_matrix(groups, "correct_justrl", cfg.n)) if both else None,
+        "rule_moved": sum(r["correct_harness"] != r["correct_justrl"] for r in records) if both else None,
+        "grading": f"{RULE_STAGES[cfg.protocol]}; the other rule stage, fallback and verifier-corrected alongside",
         "generation": {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
                        "n": cfg.n, "backend": cfg.backend, "seed": cfg.seed, "limit": cfg.limit,
                        "data_dir": cfg.data_dir, "stop": list(cfg.stop), "protocol": cfg.protocol,

@@ -73,7 +73,8 @@ def test_summary_keys_and_values():
     assert set(s) == {"benchmark", "setting", "model", "avg_at_n", "ci95", "pass_at_k", "maj_at_n", "n_samples",
                       "problems", "samples", "timeouts", "unparsable", "generation", "lm_eval_version", "no_box",
                       "no_box_rate", "truncated", "truncation_rate", "avg_at_n_fallback", "avg_at_n_corrected",
-                      "ci95_corrected", "verifier", "grading"}
+                      "ci95_corrected", "verifier", "grading", "rule_stage", "avg_at_n_harness", "avg_at_n_justrl",
+                      "rule_moved"}
     assert s["avg_at_n"] == pytest.approx(100 * 5 / 12) and s["pass_at_k"]["4"] == pytest.approx(200 / 3)
     assert (s["problems"], s["samples"], s["unparsable"], s["timeouts"], s["no_box"]) == (3, 12, 0, 0, 4)
     assert s["no_box_rate"] == pytest.approx(100 * 4 / 12) and s["truncation_rate"] == pytest.approx(100 * 3 / 12)
@@ -82,6 +83,21 @@ def test_summary_keys_and_values():
     g = s["generation"]
     assert (g["temperature"], g["top_p"], g["max_new_tokens"], g["n"], g["backend"]) == (0.7, 0.9, 20480, 4, "hf")
     assert g["protocol"] == "justrl"  # eval.protocol: the paper's default, recorded with the generation settings
+    assert s["rule_stage"] == "justrl" and "grade_answer_verl" in s["grading"]
+    assert s["avg_at_n_harness"] is s["avg_at_n_justrl"] is s["rule_moved"] is None  # records without both stages
+
+
+def test_summary_keeps_both_rule_stages():
+    """Both rule verdicts are in every record; the summary gives each stage's avg@N and the samples they split."""
+    cfg = resolve_config(_args(samples=4, backend="hf"))
+    records = [{"problem_id": f"p{i}", "sample": k, "completion": "", "extracted": None, "gold": "1",
+                "correct": bool(C[i, k]), "status": "ok", "correct_fallback": False, "truncated": False,
+                "correct_justrl": bool(C[i, k]), "correct_harness": bool(C[i, k]) and k != 0}
+               for i in range(3) for k in range(4)]
+    s = summarize(records, cfg, "/m")
+    moved = sum(bool(C[i, 0]) for i in range(3))
+    assert s["avg_at_n_justrl"] == pytest.approx(100 * 5 / 12) == s["avg_at_n"]
+    assert s["avg_at_n_harness"] == pytest.approx(100 * (5 - moved) / 12) and s["rule_moved"] == moved
 
 
 def test_protocol_comes_from_the_recipe_and_keys_the_generation_cache(tmp_path):
@@ -211,7 +227,7 @@ def test_hub_rows_map_fields_and_join_multi_answers(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="stapo.tasks"):
         rows = load_rows("olympiadbench", "hub")
     assert calls == [("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train")]
-    assert rows[0] == {"id": "olympiadbench-0000", "problem": "q0", "answer": "69,84"}
+    assert rows[0] == {"id": "olympiadbench-0000", "problem": "q0", "answer": "69,84", "answer_justrl": "69,84"}
     assert "has 3 rows; expected 674 or 675" in caplog.text
 
 
@@ -287,7 +303,8 @@ def test_end_to_end_every_local_benchmark(tmp_path, setting):
         assert [(r["problem_id"], r["sample"]) for r in recs] == [
             (f"{'minerva_math' if bench == 'minerva' else bench}-{i:04d}", k) for i in range(3) for k in range(2)]
         assert all(set(r) == {"problem_id", "sample", "completion", "extracted", "gold", "correct", "status",
-                              "correct_fallback", "extracted_fallback", "tokens", "truncated"} for r in recs)
+                              "correct_harness", "correct_justrl", "status_justrl", "correct_fallback",
+                              "extracted_fallback", "tokens", "truncated"} for r in recs)
         # a random model with 8 new tokens: no box, the completions hit the cap. `truncated` is the re-tokenised
         # length reaching it, and re-tokenising 8 random sampled tokens can merge them into 7 (the sampling seeds
         # follow the weights' content hash), so not every one need count

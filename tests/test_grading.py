@@ -258,7 +258,7 @@ def test_identical_pairs_are_graded_once_and_fanned_out_in_order():
     parts, unique_golds, first_of = _unique_jobs(texts, golds)
     # one job per (final box, gold); without a box the fallback's tail is part of the key
     assert first_of == [0, 0, 1, 2, 3, 4] and unique_golds == ["204", "204", "204", "204", "205"]
-    assert parts[0] == ("204", same_box[0]) and parts[2] == (None, no_box[0])
+    assert parts[0] == ("204", same_box[0], None) and parts[2] == (None, no_box[0], None)
     graded = grade(texts, golds, strict=True)
     assert [g.correct for g in graded] == [True, True, False, False, False, False]
     assert [g.fallback_correct for g in graded] == [True, True, False, True, False, False]

@@ -330,6 +330,34 @@ def test_without_verifier_the_table_says_rule_only_and_has_no_extra_rows(tmp_pat
     assert "Evaluation protocol: eval.protocol not recorded, verifier: none — rule-only grading." in table
 
 
+def test_rule_stage_is_named_and_the_samples_it_moves_counted(tmp_path):
+    """Each summary's rule stage (eval.protocol) in a footnote, with the samples the other stage judges otherwise;
+    both stages' rule-only accuracies in scores.csv. A summary from before the stage was recorded: math-verify."""
+    scores, runs = tmp_path / "scores", tmp_path / "runs"
+    for method in ("base", "stapo"):
+        for setting in SETTINGS:
+            ckpt = "base" if method == "base" else "final"
+            path = scores / "m" / method / ckpt / "aime24" / f"{setting}.summary.json"
+            _verified_summary(path, 20.0, None)
+            summary = json.loads(path.read_text())
+            summary.update(rule_stage="justrl", avg_at_n_justrl=20.0, avg_at_n_harness=17.5, rule_moved=3)
+            atomic_write_json(path, summary)
+    report.write_report(scores, runs, tmp_path / "results", study_of("v"))
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert "Rule stage: JustRL's grade_answer_verl (last \\boxed{}; mathd normalisation, then sympy) against " \
+           "JustRL's golds." in table
+    assert "judges 12 of 480 samples differently" in table  # 4 cells x 3 samples; 4 cells x 30 problems x 4
+    with open(tmp_path / "results" / "scores.csv", newline="") as f:
+        cell = next(r for r in csv.DictReader(f) if r["method"] == "stapo" and r["benchmark"] == "aime24")
+    assert (cell["rule_stage"], float(cell["rule_accuracy_justrl"]), float(cell["rule_accuracy_harness"]),
+            cell["rule_moved_samples"]) == ("justrl", 20.0, 17.5, "3")
+    for path in scores.rglob("*.summary.json"):
+        _verified_summary(path, 20.0, None)  # before the rule stage was recorded
+    report.write_report(scores, runs, tmp_path / "results", study_of("v"))
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert "Rule stage: strict: the final \\boxed{} answer (math-verify)." in table and "differently" not in table
+
+
 def _run_config(runs: Path, model: str, method: str, loss_agg_mode="token-mean", quantile_scope="mini_batch",
                 prompt="stripped", normaliser=None) -> None:
     config = {"model": {"key": model}, "method": {"key": method, "loss_agg_mode": loss_agg_mode,

@@ -129,9 +129,12 @@ def test_stapo_report_of_a_three_seed_study(scores, tiny_study, tmp_path):
     table = (out / "table.md").read_text()
     assert f"{stapo.accuracy:.2f}" in table and "the mean over 3 seeds" in table and "(seeds.md)" in table
     assert "| STAPO − JustRL |" in (out / "seeds.md").read_text()
-    csv_rows = (out / "scores.csv").read_text().splitlines()
-    assert csv_rows[0].endswith(",n_seeds") and any(r.startswith("m,stapo,final,arith") and r.endswith(",3")
-                                                    for r in csv_rows)
+    import csv
+
+    with open(out / "scores.csv", newline="") as f:
+        csv_rows = list(csv.DictReader(f))
+    keys = ("model", "method", "ckpt", "benchmark", "n_seeds")
+    assert any(tuple(r[k] for k in keys) == ("m", "stapo", "final", "arith", "3") for r in csv_rows)
     from stapo.figures import figure_series
     from stapo.report import load_metrics
 

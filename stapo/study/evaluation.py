@@ -79,14 +79,18 @@ class EvalSection:
         vllm: lm-eval ``vllm`` model arguments over the device's defaults (stapo.vllm_settings.eval_engine_args).
         verifier: the LLM-verifier stage (stapo.verifier), e.g. ``{model: opencompass/CompassVerifier-3B}``
             (keys of ``VERIFIER_DEFAULTS``); None = rule grading only.
-        protocol: how the prompt and the verifier's inputs and verdicts are made (one of
+        protocol: how the prompt, the rule stage, the gold and the verifier's inputs and verdicts are made (one of
             ``stapo.data.EVAL_PROTOCOLS``). ``justrl`` (default, the paper's: it evaluates with JustRL's code,
-            thunlp/JustRL @ cf444e9 ``evals/gen_vllm.py`` and ``evals/grade.py``): the problem and the \\boxed{}
-            instruction joined by one space in the model's chat template; the verifier is given an empty question
-            (grade.py reads a ``question`` field its generation files do not have) and only a reply that is
-            exactly ``A`` counts as correct. ``harness`` (this harness's original protocol): a blank line between
-            problem and instruction; the verifier sees the problem and its reply is parsed leniently
-            (stapo.verifier.parse_verdict: ``A: CORRECT``, ``CORRECT``, ``\\boxed{A}``). Recorded in each
+            thunlp/JustRL @ cf444e9 ``evals/gen_vllm.py``, ``evals/grade.py`` and ``evals/utils.py``): the problem
+            and the \\boxed{} instruction joined by one space in the model's chat template; the rule stage is
+            JustRL's ``grade_answer_verl`` (stapo.justrl_grading: the last \\boxed{}, mathd normalisation, then
+            sympy) against JustRL's gold strings (the benchmark rows' ``answer_raw``, else ``answer``); the
+            verifier is given an empty question (grade.py reads a ``question`` field its generation files do not
+            have) and that gold, and only a reply that is exactly ``A`` counts as correct. ``harness`` (this
+            harness's original protocol): a blank line between problem and instruction; the strict final box by
+            math-verify against the clean ``answer``; the verifier sees the problem and its reply is parsed
+            leniently (stapo.verifier.parse_verdict: ``A: CORRECT``, ``CORRECT``, ``\\boxed{A}``). Both rule
+            stages' verdicts are in every per-sample record either way (stapo.scoring.build_records). Recorded in each
             summary's ``generation`` block and part of the generation cache's key.
         worked_example: ``{problem, solution}``: one worked exchange shown before every problem's prompt
             (stapo.data.build_prompt; the CPU miniature's model writes ``\\boxed{}`` only when shown how); None (the

@@ -108,7 +108,10 @@ def get_benchmark(name: str) -> Benchmark:
 
 
 def read_benchmark_file(path: Path) -> list[dict]:
-    """Rows ``{id, problem, answer}`` of a benchmark jsonl; a bad file raises ValueError naming it (and the line).
+    """Rows ``{id, problem, answer, answer_justrl}`` of a benchmark jsonl; a bad file raises ValueError naming it
+    (and the line). ``answer_justrl`` is the gold ``eval.protocol: justrl`` grades against: the row's
+    ``answer_raw`` where it has one (in the shipped files, JustRL's ``reward_model.ground_truth`` where it differs
+    from the clean ``answer``: AIME24's ``\\boxed{}``, OlympiadBench's ``$...$``), else ``answer``.
 
     Checked in full (every line parses, has non-empty id/problem/answer, at least one row) so that ``stapo eval``
     can refuse a bad file before any model loads.
@@ -138,7 +141,8 @@ def read_benchmark_file(path: Path) -> list[dict]:
         if row_id in first_line:  # scores are keyed by problem id: a repeat would merge two problems
             raise ValueError(f"{path}:{line_no}: id {row_id!r} repeats line {first_line[row_id]}")
         first_line[row_id] = line_no
-        rows.append({"id": row_id, "problem": row["problem"], "answer": str(row["answer"])})
+        rows.append({"id": row_id, "problem": row["problem"], "answer": str(row["answer"]),
+                     "answer_justrl": str(row.get("answer_raw") or row["answer"])})
     if not rows:
         raise ValueError(f"{path}: benchmark file has no rows")
     return rows
@@ -177,8 +181,8 @@ def _arith_rows(n: int, seed: int, difficulty: int) -> list[dict]:
 
 def load_rows(name: str, data_dir: str | Path | None = None, *, file: str | Path | None = None,
               n: int | None = None, seed: int | None = None, difficulty: int | None = None) -> list[dict]:
-    """Rows ``{id, problem, answer}`` of benchmark ``name``: its own ``file``, else from ``data_dir`` (see the
-    module docstring)."""
+    """Rows ``{id, problem, answer, answer_justrl}`` of benchmark ``name``: its own ``file``, else from
+    ``data_dir`` (see the module docstring; ``answer_justrl``: :func:`read_benchmark_file`, else ``answer``)."""
     if file is not None:
         path = Path(file)
         if not path.is_file():
@@ -195,6 +199,8 @@ def load_rows(name: str, data_dir: str | Path | None = None, *, file: str | Path
         if not path.exists():
             raise FileNotFoundError(f"benchmark {name!r}: {path} not found (data_dir={data_dir})")
         rows = read_benchmark_file(path)
+    for row in rows:  # the hub's and arith's golds are the only ones they have
+        row.setdefault("answer_justrl", row["answer"])
     if bench.expected_rows and len(rows) not in bench.expected_rows:
         expected = " or ".join(map(str, bench.expected_rows))
         log.warning("benchmark %r has %d rows; expected %s", name, len(rows), expected)
