@@ -128,12 +128,13 @@ def test_verifier_stage_bookkeeping(tmp_path, monkeypatch, protocol):
 
     real = HFLM.generate_until
     seen = []
+    gold = "\\boxed{204}" if protocol == "justrl" else "204"  # JustRL's gold string for aime24 problem 0 is boxed
 
     def replies(lm, requests, disable_tqdm=False):
         if "Please as a grading expert" not in requests[0].args[0]:
             return real(lm, requests, disable_tqdm)  # the policy's own generation
         seen.extend(r.args for r in requests)
-        return ["A" if "<Standard Answer Begin>:\n204\n" in r.args[0] else "B: INCORRECT" for r in requests]
+        return ["A" if f"<Standard Answer Begin>:\n{gold}\n" in r.args[0] else "B: INCORRECT" for r in requests]
 
     monkeypatch.setattr(HFLM, "generate_until", replies)
     summary, records = _eval_with_verifier(tmp_path, {"model": TINY, "max_new_tokens": 4}, "scripted", protocol)
