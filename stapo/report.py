@@ -595,11 +595,25 @@ def add_arguments(parser) -> None:
     parser.add_argument("--runs", default="runs", help="directory of <model>/<method>/metrics.jsonl")
     parser.add_argument("--out", default="results", help="output directory (table.md, table.tex, scores.csv, figures/)")
     parser.add_argument("--config", default=None,
-                        help="study YAML (its models, methods, benchmarks, settings and labels; default the paper's)")
+                        help="study YAML: its name, models, methods, benchmarks, settings and labels (default: "
+                        "OUT/study.yaml, the resolved study the workflow wrote there; without one, no study: every "
+                        "model and method found under --scores, the paper's settings and benchmarks)")
+
+
+def study_config(config: str | None, out: str | Path) -> Path | None:
+    """The study a report follows: ``--config``, else ``OUT/study.yaml`` where the workflow wrote the study whose
+    report OUT holds (issue 32: a bare ``stapo report`` after the demo rewrote results/ as the paper's study)."""
+    if config:
+        return Path(config)
+    written = Path(out) / "study.yaml"
+    return written if written.is_file() else None
 
 
 def run(args) -> int:
-    study = stapo_study.read(args.config, required=(), check_runs=False) if args.config else None
+    config = study_config(args.config, args.out)
+    if config is not None and not args.config:
+        print(f"report: following the study in {config} (the workflow's; --config to choose another)")
+    study = stapo_study.read(config, required=(), check_runs=False) if config else None
     if not Path(args.scores).is_dir():
         raise UserError(f"--scores: directory {args.scores} not found (stapo eval writes it)")
     try:

@@ -240,6 +240,23 @@ def test_cli_dispatches_report(tmp_path):
     assert (tmp_path / "r" / "table.md").read_text().startswith("# STAPO reproduction — study `cli`")
 
 
+def test_bare_report_follows_the_study_the_workflow_wrote_into_its_out_dir(tmp_path, monkeypatch, capsys):
+    """After the demo, a bare ``stapo report`` (defaults scores/, runs/, results/) keeps the demo's study and its
+    name, from results/study.yaml, instead of rewriting results/ as the paper's study (issue 32)."""
+    from stapo.cli import main
+
+    _write_study(tmp_path, "m", ("arith",))
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "study.yaml").write_text("study: tiny\nmodels: {m: {spec: x}}\n"
+                                                     "methods: {stapo: {objective: stapo}}\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["report"]) == 0
+    assert (tmp_path / "results" / "table.md").read_text().startswith("# STAPO reproduction — study `tiny`")
+    assert "following the study in results/study.yaml" in capsys.readouterr().out
+    assert report.study_config("other.yaml", "results") == Path("other.yaml")  # --config wins
+    assert report.study_config(None, tmp_path / "empty") is None
+
+
 def test_silenced_examples_table(tmp_path):
     scores, runs = _write_study(tmp_path, "m", ["arith"])
     diag = []
