@@ -30,7 +30,7 @@ from stapo.provenance import package_versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ("configs/tiny.yaml", "configs/mini-study.yaml")
-COPIED = ("table.md", "seeds.md", "scores.csv", "figures.md")
+COPIED = ("table.md", "seeds.md", "scores.csv", "figures.md", "silenced_examples.md")  # figures.md links the last
 
 
 def git(*args: str) -> str:

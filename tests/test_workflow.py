@@ -304,8 +304,10 @@ def test_tiny_dag_end_to_end(tmp_path):
             for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Method")}
     assert list(rows) == ["Base", "GRPO", "20-Entropy", "JustRL", "STAPO"]
     assert all(re.match(r"^\d+\.\d{2} \(\d+\.\d{2}\)$", c) for cells in rows.values() for c in cells), table
-    for kind in ("entropy", "reward", "accuracy", "silenced"):
+    for kind in ("entropy", "reward"):
         for ext in ("png", "pdf"):
             assert (tmp_path / "results" / "figures" / f"{model}_{kind}.{ext}").stat().st_size > 0
+    index = (tmp_path / "results" / "figures.md").read_text()  # base and final only: two points are no curve
+    assert "not drawn: only the base model and the final checkpoint are evaluated on arith" in index, index
     res = snakemake("--configfile", cfg, "--report", "report.html", "--", "results/table.md", cwd=tmp_path)
     assert res.returncode == 0 and (tmp_path / "report.html").stat().st_size > 0, res.stderr[-3000:]

@@ -10,7 +10,6 @@ import yaml
 
 from stapo.atomic import atomic_write
 from stapo.names import BASE
-from stapo.report import FIGURE_KINDS
 from stapo import study as stapo_study  # not `parse` itself: the Snakefile namespace has its own
 
 # The config files that make the study: with --configfile, the first is the study and later ones overlay it
@@ -144,10 +143,6 @@ def all_final_dirs():
     return [f"runs/{model}/{run}/final" for model in MODELS for run in RUNS]
 
 
-def figure_files(ext):
-    return [f"results/figures/{model}_{kind}.{ext}" for model in MODELS for kind in FIGURE_KINDS]
-
-
 def model_opt(model, key):
     """Per-model resource (models.<model>.<key>), else the workflow-wide one."""
     value = getattr(STUDY.models[model], key)
@@ -177,6 +172,16 @@ def train_launcher(wildcards):
     if entry.gpus <= 1:
         return "stapo"
     return f"accelerate launch --config_file {repo_path(entry.accelerate_config)} --num_processes {entry.gpus} -m stapo.cli"
+
+
+def prune_checkpoints(wildcards):
+    """With workflow.keep_checkpoints false, the shell tail that deletes the run's checkpoint-N/ no evaluation
+    reads, once final/ is written (each holds the optimizer state); else nothing."""
+    if WF.keep_checkpoints:
+        return ""
+    kept = sorted((set(WF.checkpoints) | set(stapo_study.curve_checkpoints(STUDY, wildcards.model))) - {"final"})
+    keep = "".join(f" ! -name {c}" for c in kept)
+    return f" && find runs/{wildcards.model}/{wildcards.run} -maxdepth 1 -name 'checkpoint-*'{keep} -exec rm -rf {{}} +"
 
 
 def repo_path(path):
