@@ -47,7 +47,7 @@ def test_a_run_killed_before_any_final_model_counts_as_resumed(tmp_path):
 def test_docs_get_the_tables_figures_and_provenance(tmp_path):
     results = tmp_path / "run" / "results"
     (results / "figures").mkdir(parents=True)
-    for name in ("table.md", "seeds.md", "scores.csv"):
+    for name in ("table.md", "seeds.md", "scores.csv", "silenced_examples.md"):  # figures.md links the last
         (results / name).write_text(f"{name} body\n")
     (results / "figures.md").write_text("- m: [png](figures/m_entropy.png) · [pdf](figures/m_entropy.pdf)\n")
     (results / "figures" / "m_entropy.png").write_bytes(b"png")
@@ -59,6 +59,7 @@ def test_docs_get_the_tables_figures_and_provenance(tmp_path):
     docs = tmp_path / "docs"
     _script().write_docs(tmp_path / "run", docs, provenance)
     assert (docs / "seeds.md").read_text() == "seeds.md body\n"
+    assert (docs / "silenced_examples.md").read_text() == "silenced_examples.md body\n"  # the index's link works
     assert sorted(p.name for p in (docs / "figures").iterdir()) == ["m_entropy.png"]  # png only
     assert (docs / "figures.md").read_text() == "- m: [png](figures/m_entropy.png)\n"  # no link to a missing pdf
     run = (docs / "RUN.md").read_text()
