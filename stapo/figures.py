@@ -32,7 +32,7 @@ from stapo import study as stapo_study
 from stapo.atomic import atomic_write
 
 __all__ = ["FIGURE_KINDS", "CAPTIONS", "Series", "Panel", "figure_series", "draw_figure", "write_figures",
-           "STEP_LABEL", "settings_order", "curve_benchmark"]
+           "mark_identical", "STEP_LABEL", "settings_order", "curve_benchmark"]
 
 FIGURE_KINDS = ("entropy", "reward", "accuracy", "silenced", "quadrants", "entropy_quantiles")
 STEP_LABEL = "training step (rollout batches)"
@@ -111,10 +111,15 @@ class Panel:
         return next((s for s in self.series if (s.method, s.variant) == (method, variant)), None)
 
     def notes(self, label=lambda key: key) -> list[str]:
-        """One line per series hidden under another (``same_as``), for results/figures.md."""
-        return [f"{label(s.method)}{f' {s.variant}' if s.variant else ''} is identical to "
-                f"{label(s.same_as)}{f' {s.variant}' if s.variant else ''} (drawn over it, so only one line shows)"
-                for s in self.series if s.same_as]
+        """One line per method hidden under another (``same_as``), for results/figures.md; the variants are named
+        where only some of the method's series are hidden."""
+        out = []
+        for method, twin in dict.fromkeys((s.method, s.same_as) for s in self.series if s.same_as):
+            mine = [s for s in self.series if s.method == method]
+            hidden = [s.variant for s in mine if s.same_as == twin]
+            which = "" if len(hidden) == len(mine) else f" ({', '.join(map(str, hidden))})"
+            out.append(f"{label(method)}{which} is identical to {label(twin)} (drawn over it, so only one line shows)")
+        return out
 
 
 def mark_identical(series: list[Series]) -> tuple[Series, ...]:
@@ -205,8 +210,8 @@ def _metric_series(kind: str, metrics: dict, model: str, methods: list[str]) -> 
     missing = None
     if not series:
         missing = (f"no method logged {key} (runs/<model>/<method>/metrics.jsonl)" if not logged else
-                   f"no token was silenced: every method's silenced_fraction is 0 at each of its {logged} logged "
-                   "steps (a log scale has nothing to show)")
+                   f"no token was silenced: each of the {logged} logged silenced_fraction values (every method, "
+                   "every step) is 0, and a log scale has nothing to show")
     return Panel(kind, mark_identical(series), STEP_LABEL, ylabel, missing=missing)
 
 
@@ -280,7 +285,7 @@ def _quantile_series(diagnostics: dict, model: str, methods: list[str]) -> Panel
               for method in methods if seed_runs(diagnostics, model, method)
               for key in QUANTILE_KEYS for xs, ys, _, _ in [across_seeds(seed_runs(diagnostics, model, method), key)]
               if xs]
-    return Panel("entropy_quantiles", tuple(series), STEP_LABEL, "token entropy quantiles 10–90 % (nats)",
+    return Panel("entropy_quantiles", mark_identical(series), STEP_LABEL, "token entropy quantiles 10–90 % (nats)",
                  missing=None if series else NO_DIAGNOSTICS)
 
 
@@ -342,16 +347,17 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
     else:  # entropy_quantiles: colour = method, line style = quantile
         colours = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(s.method for s in panel.series))}
         styles = dict(zip(QUANTILE_KEYS, (":", "--", "-", "--", ":")))
-        for s in panel.series:
+        for s in panel.series:  # markers on short runs: a few logged steps are points, not a smooth trend
             median = s.variant == "entropy_q50"
             ax.plot(s.steps, s.values, styles[s.variant], color=colours[s.method], lw=1.8 if median else 0.9,
-                    label=label("methods", s.method) if median else None)
+                    marker="o" if len(s.steps) <= 30 else None, ms=3,
+                    label=label("methods", s.method, s) if median else None)
         if panel.series:  # the line styles, once, in grey
             for style, text in (("-", "median"), ("--", "25 / 75 %"), (":", "10 / 90 %")):
                 ax.plot([], [], style, color="grey", lw=0.9, label=text)
             low, high = ax.get_ylim()
             ax.set_ylim(low, high + 0.3 * (high - low))  # room for the legend above the 90 % curve
-    if kind in METRIC_PANELS or (kind == "accuracy" and panel.xlabel is not None):
+    if kind in METRIC_PANELS or kind == "entropy_quantiles" or (kind == "accuracy" and panel.xlabel is not None):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if panel.xlabel is not None:
         ax.set_xlabel(panel.xlabel)
@@ -401,7 +407,8 @@ def write_figures(out_dir: Path, models: list[str], methods: list[str], scores: 
         for kind in FIGURE_KINDS:
             stem = f"{model}_{kind}"
             panel = figure_series(kind, model, scores, metrics, methods, diagnostics, study)
-            written.append((stem, kind, model, panel.missing, panel.notes(lambda m: study.label("methods", m))))
+            notes = [] if panel.missing else panel.notes(lambda m: study.label("methods", m))
+            written.append((stem, kind, model, panel.missing, notes))
             if panel.missing:
                 for ext in ("png", "pdf"):
                     (Path(out_dir) / "figures" / f"{stem}.{ext}").unlink(missing_ok=True)
