@@ -7,7 +7,8 @@ with how it was made.
 The run directory (runs/, scores/, results/ of the study) is resumable: after a kill, the same command reruns only
 what is missing (--rerun-incomplete). The docs folder gets results/table.md, results/seeds.md (the per-seed numbers
 and the paired method differences), the figures (png) and RUN.md: the exact command, the commit, whether the work
-tree had uncommitted changes, the machine's cores and load, and the wall time of this invocation (a resumed run
+tree had uncommitted changes, the machine's cores and load, the package versions, the base weights' SHA-256
+and the wall time of this invocation (a resumed run
 says so, and its wall time covers only the resumed part).
 """
 
@@ -24,9 +25,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
+from stapo.provenance import package_versions  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ("configs/tiny.yaml", "configs/mini-study.yaml")
-COPIED = ("table.md", "seeds.md", "scores.csv", "figures.md")
+COPIED = ("table.md", "seeds.md", "scores.csv", "figures.md", "silenced_examples.md")  # figures.md links the last
 
 
 def git(*args: str) -> str:
@@ -38,6 +42,14 @@ def snakemake_command(run_dir: Path, cores: str) -> list[str]:
     return [str(bin_dir / "snakemake"), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(run_dir),
             "--cores", cores, "--rerun-incomplete", "--configfile", *(str(ROOT / c) for c in CONFIGS),
             "--", "results/table.md"]
+
+
+def base_weights_sha256() -> dict[str, str]:
+    """The SHA-256 of the study's base model weights (the bundled SmolLM2 in the stapo cache, built by the run)."""
+    from stapo.generation import weights_sha256
+    from stapo.models import resolve_model
+
+    return weights_sha256(resolve_model("bundled:smollm2-135m-instruct"))
 
 
 def has_earlier_work(run_dir: Path) -> bool:
@@ -59,6 +71,7 @@ def write_docs(run_dir: Path, docs: Path, provenance: dict) -> None:
     (docs / "figures").mkdir(exist_ok=True)
     for png in sorted((results / "figures").glob("*.png")):
         shutil.copyfile(png, docs / "figures" / png.name)
+    packages, weights = provenance.get("packages"), provenance.get("weights_sha256")
     lines = ["# How this mini-study was made", "",
              f"- command: `{provenance['command']}`",
              f"- snakemake: `{provenance['snakemake']}`",
@@ -66,6 +79,9 @@ def write_docs(run_dir: Path, docs: Path, provenance: dict) -> None:
              f"- started {provenance['started']}, wall time {provenance['wall_min']:.1f} min"
              + (" (resumed: earlier invocations not counted)" if provenance["resumed"] else ""),
              f"- machine: {provenance['cores']} CPU cores, load average at start {provenance['load']}",
+             *([f"- packages: {', '.join(f'{k} {v}' for k, v in packages.items() if v)}"] if packages else []),
+             *([f"- base model weights: {', '.join(f'{k} sha256 `{v}`' for k, v in weights.items())}"]
+               if weights else []),
              "", "Provenance as JSON:", "", "```json", json.dumps(provenance, indent=2), "```", ""]
     (docs / "RUN.md").write_text("\n".join(lines), encoding="utf-8")
 
@@ -84,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                        "workflow", "configs", "Snakefile")),
                   "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                   "resumed": has_earlier_work(run_dir),
-                  "cores": os.cpu_count(), "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+                  "cores": os.cpu_count(), "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+                  "packages": package_versions()}
     start = time.monotonic()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -93,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if rc:
         print(f"mini-study: snakemake exited {rc}; rerun the same command to resume", file=sys.stderr)
         return rc
+    provenance["weights_sha256"] = base_weights_sha256()
     write_docs(run_dir, docs, provenance)
     print(f"mini-study: {provenance['wall_min']:.1f} min; table, seeds table and figures in {docs}/")
     return 0

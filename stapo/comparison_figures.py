@@ -40,7 +40,7 @@ from pathlib import Path
 from stapo import study as stapo_study
 from stapo.atomic import atomic_write
 from stapo.figures import (SILENCED_REFERENCE, STEP_LABEL, Panel, Series, curve_benchmark, settings_order, smooth,
-                           step_of, step_series)
+                           mark_identical, step_of, step_series)
 from stapo.names import BENCHMARKS
 from stapo.study.objective import OBJECTIVES
 
@@ -196,8 +196,8 @@ def _pareto(model, scores, metrics, methods, study) -> Panel:
     def beaten(x, y):
         return any(x2 <= x and y2 >= y and (x2, y2) != (x, y) for _, x2, y2, _ in points)
 
-    series = tuple(Series(m, (x,), (y,), None if beaten(x, y) else "frontier", lo=(s.ci_lo,), hi=(s.ci_hi,))
-                   for m, x, y, s in points)
+    series = mark_identical([Series(m, (x,), (y,), None if beaten(x, y) else "frontier", lo=(s.ci_lo,),
+                                    hi=(s.ci_hi,)) for m, x, y, s in points])  # a twin point hides the other
     return Panel("pareto", series, "entropy instability: std of mean entropy after warm-up (nats)",
                  f"{study.label('benchmarks', bench)} {_accuracy_label(study, setting)}")
 
@@ -335,8 +335,9 @@ def _draw_pareto(fig, panel: Panel, study) -> None:
     frontier = sorted((s.steps[0], s.values[0]) for s in panel.series if s.variant == "frontier")
     ax.plot([x for x, _ in frontier], [y for _, y in frontier], "--", color="grey", lw=1, label="Pareto frontier")
     for i, s in enumerate(panel.series):
+        twin = f" (= {study.label('methods', s.same_as)}, drawn over it)" if s.same_as else ""
         ax.errorbar(s.steps, s.values, yerr=_yerr(s), fmt="os^Dv"[i // 10 % 5], ms=6, capsize=3, color=f"C{i % 10}",
-                    label=study.label("methods", s.method))
+                    label=study.label("methods", s.method) + twin)
     ax.set_xlabel(panel.xlabel + "\nlower = more stable", fontsize=8)
     ax.set_ylabel(panel.ylabel, fontsize=8)
     ax.legend(fontsize=6, frameon=False, loc="best")

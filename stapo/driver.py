@@ -4,8 +4,10 @@ A ``stapo train`` started by Snakemake runs under ``bash -c``; when the driver i
 a lost terminal) nothing signals that shell or its child, so the training went on orphaned: the rerun then refused
 ("run directory ... is in use by PID ...") and its log redirection had already truncated the orphan's log.
 
-The workflow (workflow/rules/common.smk) exports ``STAPO_DRIVER=<pid>:<start time>`` of the Snakemake process that
-runs the jobs (the local driver, or the SLURM job step, which parses the Snakefile again and so exports its own).
+The workflow (workflow/rules/common.smk) exports ``STAPO_DRIVER=<pid>:<start time>:<host>`` of the Snakemake process
+that runs the jobs (the local driver, or the SLURM job step, which parses the Snakefile again and so exports its own).
+A process on another host (the other nodes of a multi-node job, started by srun, which SLURM itself stops with the
+job) does not watch: that PID is not its to see.
 :func:`watch` starts a daemon thread that polls that process; once it is gone (or its PID was reused: the start
 time differs) the job terminates its own descendants and itself with SIGTERM. Checkpoints and outputs are written
 atomically, so nothing half-written is left; the run lock goes with the process.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -36,14 +39,15 @@ def _start_time(pid: int) -> str | None:
 
 
 def identity(pid: int | None = None) -> str:
-    """``<pid>:<start time>`` of a process (default this one): what ``STAPO_DRIVER`` holds."""
+    """``<pid>:<start time>:<host>`` of a process on this host (default this one): what ``STAPO_DRIVER`` holds."""
     pid = os.getpid() if pid is None else pid
-    return f"{pid}:{_start_time(pid)}"
+    return f"{pid}:{_start_time(pid)}:{socket.gethostname()}"
 
 
 def alive(driver: str) -> bool:
-    """Whether the process ``driver`` (``<pid>:<start time>``) still runs (a reused PID does not count)."""
-    pid, _, start = driver.partition(":")
+    """Whether the process ``driver`` (``<pid>:<start time>[:<host>]``, on this host) still runs (a reused PID does
+    not count)."""
+    pid, start = driver.split(":")[:2]
     return _start_time(int(pid)) == start
 
 
@@ -79,9 +83,11 @@ def _stop(driver: str) -> None:
 
 def watch() -> threading.Thread | None:
     """Start the watchdog if ``STAPO_DRIVER`` names a driver (a job of the workflow); None otherwise. A malformed
-    value or a driver already gone at start is ignored (a job run by hand with a stale environment)."""
+    value, a driver on another host (a multi-node job's other nodes) or a driver already gone at start is ignored
+    (a job run by hand with a stale environment)."""
     driver = os.environ.get(ENV, "")
-    if not driver or not driver.partition(":")[0].isdigit() or not alive(driver):
+    parts = driver.split(":")
+    if len(parts) < 2 or not parts[0].isdigit() or parts[2:3] not in ([], [socket.gethostname()]) or not alive(driver):
         return None
 
     def poll():

@@ -28,12 +28,16 @@ Outputs (written atomically): FILE.jsonl, one record per sample {problem_id, sam
 correct, status, correct_harness, correct_justrl, status_justrl, correct_fallback, extracted_fallback, tokens,
 truncated} (+ verifier, correct_verified); then FILE.summary.json (stapo.scoring: avg@N with a 95 % bootstrap CI
 over problems, unbiased pass@1 and pass@N, maj@N, counts, truncation and no-box rates, each rule stage's avg@N and
-the samples they split, the fallback and verifier-corrected avg@N, generation settings, model, lm-eval version).
+the samples they split, the fallback and verifier-corrected avg@N, generation settings, model, lm-eval version),
+the samples file's line count and SHA-256, the weight files' SHA-256 and the versions of the packages that
+computed it (stapo.provenance).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -113,6 +117,36 @@ def resolve_config(args: argparse.Namespace) -> EvalConfig:
         arith=bench.arith, verifier=section.verifier, protocol=section.protocol,
         worked_example=section.worked_example,
     )
+
+
+CPU_EXAMPLE = ("stapo eval --model bundled:smollm2-135m-instruct --benchmark arith --setting t0.7_p0.9 "
+               "--out scores/cpu/arith.jsonl --recipe configs/tiny.yaml")
+
+
+def check_backend(cfg: EvalConfig, args: argparse.Namespace) -> EvalConfig:
+    """``cfg`` ready for this machine. The paper's vllm, when nothing asked for it (no --backend, no --recipe) and
+    vLLM is not installed, falls back to hf with a warning. An asked-for vllm that is not installed, or the paper's
+    GPU-scale defaults (N samples x 20,480 tokens, every problem) on hf without a GPU, are one line before any model
+    loads (issue 32: a traceback after lm-eval loaded, or days of CPU generation without a word, before)."""
+    asked = args.backend is not None or args.recipe is not None
+    if cfg.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        if asked:
+            raise EvalInputError("backend vllm: the vllm package is not installed; use --backend hf (CPU or one GPU), "
+                                 "or install vLLM (environment.yml; its CPU build: make test-vllm)")
+        log.warning("vLLM is not installed: evaluating with lm-eval's hf backend instead of the paper's vllm")
+        cfg = dataclasses.replace(cfg, backend="hf", backend_args=dict(EvalSection().hf or {}))
+    paper_scale = args.recipe is None and args.max_new_tokens is None and args.samples is None
+    if cfg.backend == "hf" and paper_scale and not _has_gpu():
+        raise EvalInputError(f"no GPU: the paper's defaults ({cfg.max_new_tokens:,} new tokens, {cfg.n} samples per "
+                             "problem) would take days on a CPU; give --recipe configs/tiny.yaml (the miniature's "
+                             f"settings) or --samples, --max-new-tokens and --limit, e.g. {CPU_EXAMPLE}")
+    return cfg
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 # ------------------------------------------------------------------------------------------------ preflight
@@ -290,7 +324,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--setting", required=True, help=f"sampling setting: {', '.join(SETTINGS)} (or a recipe's)")
     parser.add_argument("--out", required=True, help="FILE.jsonl (FILE.summary.json and FILE.cache.sqlite beside)")
     parser.add_argument("--recipe", help="study YAML; only its 'eval' section is read")
-    parser.add_argument("--backend", choices=["hf", "vllm"], help="lm-eval backend (default: recipe, else vllm)")
+    parser.add_argument("--backend", choices=["hf", "vllm"],
+                        help="lm-eval backend (default: recipe, else vllm, else hf where vLLM is not installed)")
     parser.add_argument("--data-dir", help="directory with <benchmark>.jsonl files, 'bundled' (the files shipped in "
                         "stapo/tasks/data) or 'hub' (default: recipe, else bundled)")
     parser.add_argument("--samples", type=int, help="N samples per problem (default: recipe / paper)")
@@ -318,12 +353,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace, cfg: EvalConfig, out: Path) -> int:
-    from stapo.generation import generate, with_stop_tokens
+    from stapo.generation import generate, weights_sha256, with_stop_tokens
+    from stapo.provenance import package_versions
     from stapo.verifier import apply_verifier
 
     store = preflight(cfg, out)  # before any model loads: bad inputs fail in seconds
     try:
         known = check_model(args.model)  # reads a checkpoint in full (its SHA-256s)
+        cfg = check_backend(cfg, args)  # the last check before a model loads
         model_path = resolve_model(args.model)
         tokenizer = _tokenizer(model_path)
         cfg = with_stop_tokens(cfg, tokenizer)
@@ -338,7 +375,9 @@ def _evaluate(args: argparse.Namespace, cfg: EvalConfig, out: Path) -> int:
         store.close()
     samples = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
     atomic_write(out, samples)
-    summary = {**summarize(records, cfg, model_path, verifier), "samples_file": samples_file_digest(samples)}
+    # what made the numbers, beside the commit: the weights' content and the packages (issue 32)
+    summary = {**summarize(records, cfg, model_path, verifier), "samples_file": samples_file_digest(samples),
+               "weights_sha256": weights_sha256(model_path, known), "packages": package_versions()}
     atomic_write_json(summary_path(out), summary)
     log.info("%s %s: avg@%d = %.2f%% (CI %.1f-%.1f), %d problems, truncated %.1f%%, no box %.1f%%; generation "
              "%.1fs (%d cached, %d generated), grading (+ verifier) %.1fs", cfg.benchmark, cfg.setting, cfg.n,

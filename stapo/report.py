@@ -521,9 +521,15 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
     return buf.getvalue()
 
 
+NO_EXAMPLES = {False: "No examples logged: no run logged token diagnostics (set train.diagnostics_every > 0).",
+               True: "No examples: token diagnostics were logged (train.diagnostics_every), but at none of the logged "
+                     "steps did the S2T mask silence a token."}
+
+
 def render_examples(examples: dict, models: list[str], methods: list[str], study: stapo_study.Study,
-                    per_run: int = 20) -> str:
-    """Markdown table of logged silenced tokens (the paper's table of spurious-token examples)."""
+                    per_run: int = 20, diagnosed: bool = False) -> str:
+    """Markdown table of logged silenced tokens (the paper's table of spurious-token examples); ``diagnosed``:
+    whether any run logged diagnostics (what an empty table says: :data:`NO_EXAMPLES`)."""
     def esc(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", "⏎").replace("`", "'")
 
@@ -546,15 +552,17 @@ def render_examples(examples: dict, models: list[str], methods: list[str], study
                              f"{r['entropy']:.3f} | {r['advantage']:+.2f} | {top} |")
             lines.append("")
     if not found:
-        lines.append("No examples logged (set train.diagnostics_every > 0 to record them).")
+        lines.append(NO_EXAMPLES[diagnosed])
     return "\n".join(lines) + "\n"
 
 
 def render_figure_index(figures: list[tuple[str, str, str | None, str | None]], examples: str,
-                        study: stapo_study.Study) -> str:
+                        study: stapo_study.Study, notes: dict[str, list[str]] | None = None) -> str:
     """results/figures.md: per figure group (``comparison_figures.GROUPS``) and kind, the paper figure it
     reproduces, its caption and each model's files, or why it was not drawn; the examples table in group 5.
-    ``figures``: ``[(file stem, kind, model or None, why skipped or None)]``."""
+    ``figures``: ``[(file stem, kind, model or None, why skipped or None)]``; ``notes``: file stem -> lines under
+    its link (a curve hidden under an identical one)."""
+    notes = notes or {}
     captions = {**CAPTIONS, **comparison_figures.CAPTIONS}
     lines = [f"# Figures — study `{study.name}`", "",
              "Written by `stapo report` (what each plots: stapo/figures.py, stapo/comparison_figures.py); tables: "
@@ -568,8 +576,9 @@ def render_figure_index(figures: list[tuple[str, str, str | None, str | None]], 
                 where = study.label("models", model) if model else "all models"
                 lines.append(f"- {where}: " + (f"not drawn: {missing}" if missing else
                                                f"[png](figures/{stem}.png) · [pdf](figures/{stem}.pdf)"))
+                lines += [f"  - note: {note}" for note in notes.get(stem, [])]
             lines.append("")
-    logged = "" if "No examples logged" not in examples else " None logged: set train.diagnostics_every > 0."
+    logged = next((f" {text}" for text in NO_EXAMPLES.values() if text in examples), "")
     lines += ["### Silenced-token examples — reproduces: the paper's examples of spurious tokens", "",
               "[silenced_examples.md](silenced_examples.md): silenced tokens with their context, probability p, "
               f"entropy H, advantage Â and the top-5 alternatives, per model and method.{logged}", ""]
@@ -578,9 +587,12 @@ def render_figure_index(figures: list[tuple[str, str, str | None, str | None]], 
 
 def _load_examples(runs_dir) -> dict[tuple[str, str], list[dict]]:
     out = {}
-    for path in sorted(Path(runs_dir).glob("*/*/silenced_examples.jsonl")):
+    paths = [*Path(runs_dir).glob("*/*/silenced_examples.jsonl"),
+             *Path(runs_dir).glob("*/*/seed*/silenced_examples.jsonl")]
+    for path in sorted(paths):  # several seeds: each seed's examples in turn, under the method
         model, method = path.relative_to(runs_dir).parts[:2]
-        out[(model, method)] = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+        out.setdefault((model, method), []).extend(
+            json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line)
     return out
 
 
@@ -603,12 +615,15 @@ def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None 
     methods = _ordered({stapo_study.split_run(m)[0] for _, m in metrics} | {s.method for s in scores}
                        | set(study.methods),
                        list(METHODS) + list(study.methods))
-    write_figures(out_dir, models, methods, scores, metrics, load_metrics(runs_dir, "diagnostics.jsonl"), study)
-    examples = render_examples(_load_examples(runs_dir), models, methods, study)
+    diagnostics = load_metrics(runs_dir, "diagnostics.jsonl")
+    drawn = write_figures(out_dir, models, methods, scores, metrics, diagnostics, study)
+    examples = render_examples(_load_examples(runs_dir), models, methods, study,
+                               diagnosed=any(rows for rows in diagnostics.values()))
     atomic_write(out_dir / "silenced_examples.md", examples)
-    figures = [(f"{model}_{kind}", kind, model, None) for model in models for kind in FIGURE_KINDS]
+    figures = [f[:4] for f in drawn]
     figures += comparison_figures.write_comparison_figures(out_dir, models, methods, scores, metrics, study)
-    atomic_write(out_dir / "figures.md", render_figure_index(figures, examples, study))
+    notes = {stem: lines for stem, _, _, _, lines in drawn if lines}
+    atomic_write(out_dir / "figures.md", render_figure_index(figures, examples, study, notes))
     if any(s.n_seeds > 1 for s in scores):  # a several-seed study: each seed and the paired comparisons
         benchmarks = _ordered({s.benchmark for s in scores}, list(study.eval.benchmarks))
         seeded = _ordered({s.model for s in scores if s.n_seeds > 1}, list(study.models))
@@ -626,11 +641,25 @@ def add_arguments(parser) -> None:
     parser.add_argument("--runs", default="runs", help="directory of <model>/<method>/metrics.jsonl")
     parser.add_argument("--out", default="results", help="output directory (table.md, table.tex, scores.csv, figures/)")
     parser.add_argument("--config", default=None,
-                        help="study YAML (its models, methods, benchmarks, settings and labels; default the paper's)")
+                        help="study YAML: its name, models, methods, benchmarks, settings and labels (default: "
+                        "OUT/study.yaml, the resolved study the workflow wrote there; without one, no study: every "
+                        "model and method found under --scores, the paper's settings and benchmarks)")
+
+
+def study_config(config: str | None, out: str | Path) -> Path | None:
+    """The study a report follows: ``--config``, else ``OUT/study.yaml`` where the workflow wrote the study whose
+    report OUT holds (issue 32: a bare ``stapo report`` after the demo rewrote results/ as the paper's study)."""
+    if config:
+        return Path(config)
+    written = Path(out) / "study.yaml"
+    return written if written.is_file() else None
 
 
 def run(args) -> int:
-    study = stapo_study.read(args.config, required=(), check_runs=False) if args.config else None
+    config = study_config(args.config, args.out)
+    if config is not None and not args.config:
+        print(f"report: following the study in {config} (the workflow's; --config to choose another)")
+    study = stapo_study.read(config, required=(), check_runs=False) if config else None
     if not Path(args.scores).is_dir():
         raise UserError(f"--scores: directory {args.scores} not found (stapo eval writes it)")
     try:

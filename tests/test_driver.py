@@ -56,7 +56,17 @@ def test_a_job_and_its_children_stop_when_the_driver_is_killed():
 def test_identity_tells_a_reused_pid_from_the_driver():
     me = driver.identity()
     assert driver.alive(me)
-    pid, start = me.split(":")
-    assert not driver.alive(f"{pid}:{int(start) + 1}")  # same PID, another start time: another process
+    pid, start, host = me.split(":")
+    assert not driver.alive(f"{pid}:{int(start) + 1}:{host}")  # same PID, another start time: another process
     os.environ.pop(driver.ENV, None)
     assert driver.watch() is None  # not a workflow job: nothing to watch
+
+
+def test_a_node_of_a_multi_node_job_does_not_watch_another_hosts_driver(monkeypatch):
+    """srun hands the job step's STAPO_DRIVER to every node: only the driver's own host can see that PID."""
+    pid, start, host = driver.identity().split(":")
+    monkeypatch.setenv(driver.ENV, f"{pid}:{start}:{host}")
+    thread = driver.watch()
+    assert thread is not None and thread.is_alive()  # this host's live driver: watched (daemon thread)
+    monkeypatch.setenv(driver.ENV, f"{pid}:{start}:not-{host}")
+    assert driver.watch() is None

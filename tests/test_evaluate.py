@@ -886,3 +886,105 @@ def test_two_evaluations_into_one_output_one_refuses_and_kill_9_leaves_no_stale_
     rerun = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)  # no stale lock
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert json.loads(evaluate.summary_path(out).read_text())["samples"] == 4
+
+
+# ------------------------------------------------------------------------- machine-independent numbers (issue 32)
+
+
+def _twin_dirs(tmp_path):
+    """Two saved models with the same weights whose tokenizer_config.json differs as an online / offline build's
+    did (transformers records ``local_files_only``, which followed HF_HUB_OFFLINE)."""
+    dirs = []
+    for flag in (False, True):
+        d = tmp_path / f"local_files_only_{flag}"
+        d.mkdir()
+        (d / "config.json").write_text("{}")
+        (d / "model.safetensors").write_bytes(b"w" * 64)
+        (d / "tokenizer_config.json").write_text(json.dumps({"local_files_only": flag}))
+        dirs.append(str(d))
+    return dirs
+
+
+def test_seeds_come_from_the_weights_not_from_what_was_saved_beside_them(tmp_path):
+    online, offline = _twin_dirs(tmp_path)
+    cfg = resolve_config(_args(samples=2, backend="hf"))
+    assert generation.weights_sha256(online) == generation.weights_sha256(offline) == {
+        "model.safetensors": __import__("hashlib").sha256(b"w" * 64).hexdigest()}
+    assert generation.seed_identity(cfg, online) == generation.seed_identity(cfg, offline)
+    assert generation.model_fingerprint(online) != generation.model_fingerprint(offline)  # the cache key: all files
+    other = dict(cfg.__dict__, seed=1)
+    assert generation.seed_identity(type(cfg)(**other), online) != generation.seed_identity(cfg, online)
+
+
+def test_resumable_lm_draws_its_seeds_from_the_seed_identity():
+    from lm_eval.api.instance import Instance
+
+    seen = []
+
+    class Fake:
+        def generate_until(self, requests):
+            seen.append([r.args[1]["seed"] for r in requests])
+            return ["x"] * len(requests)
+
+    reqs = [Instance("generate_until", {}, ("prompt", {"temperature": 1.0}), 0, ("t", 0, 1)) for _ in range(2)]
+    for files in ("online files", "offline files"):
+        generation.ResumableLM(Fake(), None, {"model": files, "w": "same"}, chunk=2, seeding="request",
+                               store=_MemoryStore(), seed_identity={"w": "same"}).generate_until(reqs)
+    assert seen[0] == seen[1]
+
+
+def _build_cache(cache: Path, offline: bool) -> None:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env["STAPO_CACHE"] = str(cache)
+    if offline:
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    code = "from stapo.models import resolve_model; resolve_model('bundled:tiny-qwen3')"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_model_cache_built_online_or_offline_gives_the_same_files_and_completions(tmp_path, monkeypatch):
+    """The bundled model's cache, built with HF_HUB_OFFLINE unset and set, is byte-identical, and stapo eval
+    samples the same completions from either (issue 32: 31 of 48 completions differed)."""
+    caches = {flag: tmp_path / f"cache_{flag}" for flag in ("online", "offline")}
+    for flag, cache in caches.items():
+        _build_cache(cache, offline=flag == "offline")
+    built = {flag: next(c.iterdir()) for flag, c in caches.items()}
+    names = sorted(p.name for p in built["online"].iterdir())
+    assert names == sorted(p.name for p in built["offline"].iterdir()) and "tokenizer_config.json" in names
+    for name in names:
+        assert (built["online"] / name).read_bytes() == (built["offline"] / name).read_bytes(), name
+    records = {}
+    for flag, cache in caches.items():
+        monkeypatch.setenv("STAPO_CACHE", str(cache))
+        s = _eval(tmp_path / flag, "arith", "t1.0_p1.0", limit=2)
+        assert len(s["weights_sha256"]) == 1 and s["packages"]["torch"]
+        records[flag] = [r["completion"] for r in _records(tmp_path / flag / "arith" / "t1.0_p1.0.jsonl")]
+    assert records["online"] == records["offline"] and len(records["online"]) == 4
+
+
+def test_eval_without_vllm_falls_back_to_hf_and_refuses_gpu_scale_defaults_on_a_cpu(monkeypatch, caplog):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(evaluate, "_has_gpu", lambda: False)
+    args = _args(samples=2, max_new_tokens=16)
+    with caplog.at_level(logging.WARNING, logger="stapo.eval"):
+        cfg = evaluate.check_backend(resolve_config(args), args)
+    assert cfg.backend == "hf" and cfg.backend_args == {"batch_size": 8, "dtype": "float32"}
+    assert "vLLM is not installed" in caplog.text
+    asked = _args(samples=2, backend="vllm")
+    with pytest.raises(evaluate.EvalInputError, match=r"^backend vllm: the vllm package is not installed; use "
+                       r"--backend hf"):
+        evaluate.check_backend(resolve_config(asked), asked)
+    for bare in (_args(), _args(backend="hf")):  # the paper's 4 x 20,480 tokens on a CPU: one line, an example
+        with pytest.raises(evaluate.EvalInputError) as err:
+            evaluate.check_backend(resolve_config(bare), bare)
+        assert str(err.value).startswith("no GPU: the paper's defaults (20,480 new tokens, 4 samples per problem)")
+        assert "--recipe configs/tiny.yaml" in str(err.value) and "\n" not in str(err.value)
+    monkeypatch.setattr(evaluate, "_has_gpu", lambda: True)
+    assert evaluate.check_backend(resolve_config(_args()), _args()).backend == "hf"

@@ -47,21 +47,24 @@ def test_a_run_killed_before_any_final_model_counts_as_resumed(tmp_path):
 def test_docs_get_the_tables_figures_and_provenance(tmp_path):
     results = tmp_path / "run" / "results"
     (results / "figures").mkdir(parents=True)
-    for name in ("table.md", "seeds.md", "scores.csv"):
+    for name in ("table.md", "seeds.md", "scores.csv", "silenced_examples.md"):  # figures.md links the last
         (results / name).write_text(f"{name} body\n")
     (results / "figures.md").write_text("- m: [png](figures/m_entropy.png) · [pdf](figures/m_entropy.pdf)\n")
     (results / "figures" / "m_entropy.png").write_bytes(b"png")
     (results / "figures" / "m_entropy.pdf").write_bytes(b"pdf")
     provenance = {"command": "make mini-study", "snakemake": "snakemake ...", "commit": "abc123", "dirty": False,
                   "started": "2026-12-04 12:14 UTC", "resumed": True, "cores": 2, "load": "0.1 0.1 0.1",
-                  "wall_min": 101.25}
+                  "wall_min": 101.25, "packages": {"torch": "2.13.0+cpu", "vllm": None},
+                  "weights_sha256": {"model.safetensors": "ab" * 32}}
     docs = tmp_path / "docs"
     _script().write_docs(tmp_path / "run", docs, provenance)
     assert (docs / "seeds.md").read_text() == "seeds.md body\n"
+    assert (docs / "silenced_examples.md").read_text() == "silenced_examples.md body\n"  # the index's link works
     assert sorted(p.name for p in (docs / "figures").iterdir()) == ["m_entropy.png"]  # png only
     assert (docs / "figures.md").read_text() == "- m: [png](figures/m_entropy.png)\n"  # no link to a missing pdf
     run = (docs / "RUN.md").read_text()
     assert "commit: `abc123`\n" in run and "wall time 101.2 min (resumed: earlier invocations not counted)" in run
+    assert "- packages: torch 2.13.0+cpu\n" in run and f"model.safetensors sha256 `{'ab' * 32}`" in run
     assert json.loads(run.split("```json\n", 1)[1].split("```", 1)[0]) == provenance
     (results / "seeds.md").unlink()  # a one-seed study writes no seeds.md: the mini-study must have it
     with pytest.raises(FileNotFoundError, match=r"results/seeds.md not found"):

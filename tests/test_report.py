@@ -120,11 +120,76 @@ def test_miniature_table_only_present_benchmarks_and_footnote(tmp_path):
 def test_figures_exist_as_png_and_pdf(tmp_path):
     scores, runs = _write_study(tmp_path, "m", ("arith",), ckpts=("final", "checkpoint-2"))
     report.write_report(scores, runs, tmp_path / "results")
-    for kind in FIGURE_KINDS:
+    for kind in ("entropy", "reward", "accuracy", "silenced"):
         png = tmp_path / "results" / "figures" / f"m_{kind}.png"
         pdf = png.with_suffix(".pdf")
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
         assert pdf.read_bytes()[:5] == b"%PDF-"
+    index = (tmp_path / "results" / "figures.md").read_text()
+    for kind in ("quadrants", "entropy_quantiles"):  # no diagnostics.jsonl: not drawn, and figures.md says why
+        assert not (tmp_path / "results" / "figures" / f"m_{kind}.png").exists()
+        assert f"### `{kind}`" in index
+    assert index.count("- m: not drawn: no token diagnostics logged") == 2
+
+
+def test_a_figure_with_nothing_to_show_is_not_drawn_and_the_index_says_why(tmp_path):
+    """A silenced fraction of 0 throughout, accuracy at base and final only (two points are no trend), no
+    diagnostics: none is drawn (an old file of an earlier report goes), figures.md gives each one's reason."""
+    scores, runs = _write_study(tmp_path, "m", ("arith",))
+    for method in METHODS:  # nothing silenced
+        path = runs / "m" / method / "metrics.jsonl"
+        rows = [dict(json.loads(x), silenced_fraction=0.0) for x in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stale = tmp_path / "results" / "figures" / "m_silenced.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"an earlier report's empty panel")
+    report.write_report(scores, runs, tmp_path / "results")
+    drawn = sorted(k for k in FIGURE_KINDS if (tmp_path / "results" / "figures" / f"m_{k}.png").exists())
+    assert drawn == ["entropy", "reward"]
+    index = (tmp_path / "results" / "figures.md").read_text()
+    assert "- m: not drawn: no token was silenced: each of the 20 logged silenced_fraction values (every method, " \
+        "every step) is 0" in index
+    assert "- m: not drawn: only the base model and the final checkpoint are evaluated on arith" in index
+    metrics = report.load_metrics(runs)
+    assert figure_series("silenced", "m", [], metrics, list(METHODS)).series == ()
+    accuracy = figure_series("accuracy", "m", report.load_scores(scores), metrics, ["base", *METHODS])
+    assert [len(s.steps) for s in accuracy.series] == [2] * 8 and accuracy.missing
+
+
+def test_identical_curves_are_named_in_the_legend_and_the_index(tmp_path):
+    """STAPO that silenced nothing is JustRL to the bit: drawn over it, it hides it; the series says so."""
+    scores, runs = _write_study(tmp_path, "m", ("arith",))
+    (runs / "m" / "stapo" / "metrics.jsonl").write_text((runs / "m" / "justrl" / "metrics.jsonl").read_text())
+    metrics = report.load_metrics(runs)
+    entropy = figure_series("entropy", "m", [], metrics, list(METHODS))
+    assert [s.same_as for s in entropy.series] == [None, None, None, "justrl"]
+    assert entropy.notes() == ["stapo is identical to justrl (drawn over it, so only one line shows)"]
+    report.write_report(scores, runs, tmp_path / "results")
+    index = (tmp_path / "results" / "figures.md").read_text()
+    assert "  - note: STAPO is identical to JustRL (drawn over it, so only one line shows)" in index  # entropy
+    assert "  - note: STAPO is identical to GRPO (drawn over it" in index  # reward: every method logs the same
+    from stapo.figures import draw_figure
+
+    fig = draw_figure("entropy", "m", [], metrics, list(METHODS))
+    assert "STAPO (= JustRL, drawn over it)" in fig.axes[0].get_legend_handles_labels()[1]
+
+
+def test_several_seeds_diagnostics_and_examples_are_found(tmp_path):
+    """A several-seed study keeps its diagnostics under runs/<model>/<method>/seed<k>/: the quadrant and quantile
+    figures pool or average the seeds (the committed mini-study's were blank 'no data' panels)."""
+    diagnostics = {("m", f"stapo/seed{k}"): rows for k, rows in enumerate(_diagnostics().values() for _ in "ab")
+                   for rows in rows}
+    quadrants = figure_series("quadrants", "m", [], {}, ["stapo"], diagnostics)
+    assert quadrants.missing is None and quadrants.of("stapo").counts == (60, 54, 48, 0)  # both seeds pooled
+    quantiles = figure_series("entropy_quantiles", "m", [], {}, ["stapo"], diagnostics)
+    assert quantiles.of("stapo", "entropy_q50").values == pytest.approx([1.5, 2.5])
+    run = tmp_path / "runs" / "m" / "stapo" / "seed1"
+    run.mkdir(parents=True)
+    (run / "silenced_examples.jsonl").write_text(json.dumps({"step": 2, "token": "x"}) + "\n")
+    assert report._load_examples(tmp_path / "runs") == {("m", "stapo"): [{"step": 2, "token": "x"}]}
+    study = stapo_study.default()
+    assert "diagnostics were logged" in report.render_examples({}, ["m"], ["stapo"], study, diagnosed=True)
+    assert "set train.diagnostics_every > 0" in report.render_examples({}, ["m"], ["stapo"], study)
 
 
 def _inputs(tmp_path, benchmarks=("arith",), ckpts=("final",)):
@@ -238,6 +303,23 @@ def test_cli_dispatches_report(tmp_path):
     assert main(["report", "--scores", str(scores), "--runs", str(runs), "--out", str(tmp_path / "r"),
                  "--config", str(cfg)]) == 0
     assert (tmp_path / "r" / "table.md").read_text().startswith("# STAPO reproduction — study `cli`")
+
+
+def test_bare_report_follows_the_study_the_workflow_wrote_into_its_out_dir(tmp_path, monkeypatch, capsys):
+    """After the demo, a bare ``stapo report`` (defaults scores/, runs/, results/) keeps the demo's study and its
+    name, from results/study.yaml, instead of rewriting results/ as the paper's study (issue 32)."""
+    from stapo.cli import main
+
+    _write_study(tmp_path, "m", ("arith",))
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "study.yaml").write_text("study: tiny\nmodels: {m: {spec: x}}\n"
+                                                     "methods: {stapo: {objective: stapo}}\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["report"]) == 0
+    assert (tmp_path / "results" / "table.md").read_text().startswith("# STAPO reproduction — study `tiny`")
+    assert "following the study in results/study.yaml" in capsys.readouterr().out
+    assert report.study_config("other.yaml", "results") == Path("other.yaml")  # --config wins
+    assert report.study_config(None, tmp_path / "empty") is None
 
 
 def test_silenced_examples_table(tmp_path):

@@ -120,6 +120,10 @@ class WorkflowSection:
             across-seed mean with a CI over seeds and problems (stapo.seed_statistics). None = ``[train.seed]``.
             One seed keeps the one-run layout (``runs/<model>/<method>/``); several give
             ``runs/<model>/<method>/seed<k>/`` and ``scores/<model>/<method>/seed<k>/...``.
+        keep_checkpoints: false: once a run's final/ is written, its training job deletes the run's
+            ``checkpoint-N/`` directories that no evaluation of the workflow reads (``checkpoints``, the
+            ``eval_every`` curve): each holds the optimizer state (the CPU miniature: 1.6 GB, 15 GB a demo). A
+            finished run needs none to resume; the report reads metrics.jsonl and the diagnostics, not checkpoints.
     """
 
     models: list | None = None
@@ -135,6 +139,7 @@ class WorkflowSection:
     eval_mem_mb: int = 64000
     eval_runtime: int = 720
     seeds: list | None = None
+    keep_checkpoints: bool = True
 
 
 @dataclass

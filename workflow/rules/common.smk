@@ -11,7 +11,6 @@ import yaml
 
 from stapo.atomic import atomic_write
 from stapo.names import BASE
-from stapo.report import FIGURE_KINDS
 from stapo import driver as stapo_driver
 from stapo import study as stapo_study  # not `parse` itself: the Snakefile namespace has its own
 
@@ -167,10 +166,6 @@ def all_final_dirs():
     return [f"runs/{model}/{run}/final" for model in MODELS for run in RUNS]
 
 
-def figure_files(ext):
-    return [f"results/figures/{model}_{kind}.{ext}" for model in MODELS for kind in FIGURE_KINDS]
-
-
 def model_opt(model, key):
     """Per-model resource (models.<model>.<key>), else the workflow-wide one."""
     value = getattr(STUDY.models[model], key)
@@ -201,6 +196,17 @@ def train_launcher(wildcards):
         return "stapo"
     config_file = shlex.quote(repo_path(entry.accelerate_config))
     return f"accelerate launch --config_file {config_file} --num_processes {entry.gpus} -m stapo.cli"
+
+
+def prune_checkpoints(wildcards):
+    """With workflow.keep_checkpoints false, the shell tail that deletes the run's checkpoint-N/ no evaluation
+    reads, once final/ is written (each holds the optimizer state); else nothing."""
+    if WF.keep_checkpoints:
+        return ""
+    kept = sorted((set(WF.checkpoints) | set(stapo_study.curve_checkpoints(STUDY, wildcards.model))) - {"final"})
+    keep = "".join(f" ! -name {shlex.quote(c)}" for c in kept)
+    run_dir = shlex.quote(f"runs/{wildcards.model}/{wildcards.run}")
+    return f" && find {run_dir} -maxdepth 1 -name 'checkpoint-*'{keep} -exec rm -rf {{}} +"
 
 
 def repo_path(path):

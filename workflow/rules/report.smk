@@ -1,9 +1,9 @@
 # The paper's Table 2 layout (ours next to the paper's numbers) and figures, from every score summary and every
 # run's metrics.jsonl. `snakemake --report report.html` collects the table and figures.
-# Declared: the per-model figures every study gets (figure_files) and the figure index. The comparison figures
-# (stapo.comparison_figures: Pareto, sweeps, masking ablation, FullMask, spurious ratio) are drawn only when the
-# study has the methods they compare, so they are not declared outputs: results/figures.md lists each one, or why
-# it was not drawn.
+# Declared: the figure directory (each png goes into `snakemake --report`) and the figure index. A figure is drawn
+# only when it has something to show (the comparison figures: when the study has the methods they compare; the
+# per-model ones: when their series are not empty), so single figures are not declared outputs:
+# results/figures.md lists each one, or why it was not drawn.
 
 
 rule report:
@@ -17,8 +17,8 @@ rule report:
         csv="results/scores.csv",
         examples="results/silenced_examples.md",
         index="results/figures.md",
-        png=[report(f, category="Figures", caption="../report/figure.rst") for f in figure_files("png")],
-        pdf=figure_files("pdf"),
+        figures=report(directory("results/figures"), patterns=["{name}.png"], category="Figures",
+                       caption="../report/figure.rst"),
     log:
         "logs/report.log",
     params:

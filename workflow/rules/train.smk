@@ -17,6 +17,7 @@ rule train:
         method=run_method,
         seed=run_seed_option,
         run_dir=lambda wildcards, output: str(Path(output.final).parent),
+        prune=prune_checkpoints,
     wildcard_constraints:
         model="|".join(map(re.escape, MODELS)),
         run="|".join(map(re.escape, RUNS)),
@@ -29,4 +30,4 @@ rule train:
         "../envs/stapo.yaml"
     shell:
         "{params.launcher} train --recipe {input.recipe:q} --model {wildcards.model:q}"
-        " --method {params.method:q}{params.seed} --out {params.run_dir:q} > {log:q} 2>&1"
+        " --method {params.method:q}{params.seed} --out {params.run_dir:q} > {log:q} 2>&1{params.prune}"
