@@ -105,7 +105,7 @@ def _draw(panel: Panel, model: str, study):
     import matplotlib.pyplot as plt
 
     runs = list(panel.series[0].points)
-    fig, ax = plt.subplots(figsize=(5.5, 1.2 + 0.45 * len(runs)), dpi=120)
+    fig, ax = plt.subplots(figsize=(5.5, 1.6 + 0.45 * len(runs)), dpi=120)
     left = [0.0] * len(runs)
     for s in panel.series:
         ax.barh(range(len(runs)), s.values, left=left, label=s.method, height=0.6)
@@ -113,10 +113,10 @@ def _draw(panel: Panel, model: str, study):
     ax.set_yticks(range(len(runs)), [_run_label(study, r) for r in runs], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(panel.xlabel)
-    ax.legend(fontsize=7, frameon=False, loc="lower right", ncol=3)
     ax.margins(x=0.05, y=0.3)
     ax.set_title(f"{study.label('models', model)}: time per training step", fontsize=10)
-    fig.tight_layout()
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=7, frameon=False, loc="lower center", ncol=3)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))  # the legend below the axis
     return fig
 
 
