@@ -504,7 +504,7 @@ def report(methods: dict, ev: dict, throughputs: dict, model: str = "random-init
 
 def probe_lines(methods: dict) -> list[str]:
     """The update probes per method: one micro-batch at the run's shape and at the long length."""
-    fmt = lambda v, spec: "—" if v is None else format(v, spec)  # noqa: E731
+    fmt = lambda v, spec: ("—" if v is None else format(v, spec)).rjust(int(spec.split(".")[0]))  # noqa: E731
     lines = [f"{'update probe':<22} {'tokens':>7} {'s':>7} {'tok/s':>8} {'MFU':>6} {'GPU busy':>9} {'peak GiB':>9}"]
     for m, f in methods.items():
         for name, p in f.get("probes", {}).items():
