@@ -58,7 +58,8 @@ SIZES = (("--steps", 2, 2, "optimiser steps per method (the first is a warm-up)"
          ("--completion-length", 4096, 16, "rollout and eval token cap"),
          ("--micro-batch", 1, 4, "completions per micro-batch (paper: 1)"),
          ("--eval-problems", 8, 2, "synthetic evaluation problems"),
-         ("--eval-samples", 4, 2, "samples per evaluation problem"))
+         ("--eval-samples", 4, 2, "samples per evaluation problem"),
+         ("--long-length", 8192, 512, "tokens of the long update probe (one sequence, one micro-batch)"))
 # Workers' environment. Not TQDM_DISABLE: vLLM's LLM.generate divides by its progress bar's elapsed time.
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
@@ -80,6 +81,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", default="justrl,stapo", help="comma-separated subset of " + ",".join(METHODS))
     for flag, gpu, smoke, text in SIZES:
         p.add_argument(flag, type=int, help=f"{text} (default {gpu}; --cpu-smoke: {smoke})")
+    p.add_argument("--rollouts", choices=["vllm", "hf"], default="vllm" if vllm_installed() else "hf",
+                   help="rollout engine: vLLM colocate (the default where vLLM is installed) or TRL's HF generate "
+                        "(needs only torch, transformers, trl, accelerate, datasets and stapo)")
+    p.add_argument("--no-eval", action="store_true", help="skip the evaluation stage (lm-eval)")
     p.add_argument("--dry-run", action="store_true", help="no GPU: build and print configs and commands only")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="rehearse the whole run on CPU with vLLM's CPU build and a tiny model (make test-vllm)")
@@ -94,7 +99,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = sorted(set(args.methods) - set(METHODS))
     if unknown:
         p.error(f"--methods: unknown {unknown}; expected some of {list(METHODS)}")
-    for key in ("steps", "prompts", "completion_length", "micro_batch", "eval_problems", "eval_samples"):
+    for key in ("steps", "prompts", "completion_length", "micro_batch", "eval_problems", "eval_samples",
+                "long_length"):
         if getattr(args, key) <= 0:
             p.error(f"--{key.replace('_', '-')}: must be positive")
     if (args.prompts * 8) % args.micro_batch:
@@ -102,19 +108,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def preflight(cpu_smoke: bool = False) -> str:
-    """Fail fast: a CUDA GPU and vLLM's GPU build (``cpu_smoke``: vLLM's CPU build); returns the device's name."""
+def vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def imported_distributions() -> list[str]:
+    """The installed distributions this process has imported (not the standard library): the import list."""
+    import importlib.metadata
+
+    owners = importlib.metadata.packages_distributions()
+    top = {name.partition(".")[0] for name in list(sys.modules)} - set(sys.stdlib_module_names)
+    return sorted({dist for name in top for dist in owners.get(name, [])} | ({"stapo"} & top))
+
+
+def preflight(cpu_smoke: bool = False, rollouts: str = "vllm") -> str:
+    """Fail fast: a CUDA GPU and, for vLLM rollouts, vLLM's GPU build (``cpu_smoke``: no GPU; vLLM's CPU build for
+    vLLM rollouts); returns the device's name."""
     import torch
 
     from stapo.vllm_settings import VllmUnavailable, require_vllm
 
     if cpu_smoke:
-        require_vllm("cpu", purpose="gpu_check --cpu-smoke")
+        if rollouts == "vllm":
+            require_vllm("cpu", purpose="gpu_check --cpu-smoke")
         return "cpu (smoke)"
     if not torch.cuda.is_available():
         raise VllmUnavailable("gpu_check needs a CUDA GPU, and torch sees none (CPU-only torch, or no device); "
                               "on CPU use `python benchmarks/gpu_check.py --dry-run`")
-    require_vllm("cuda", purpose="gpu_check")
+    if rollouts == "vllm":
+        require_vllm("cuda", purpose="gpu_check (or --rollouts hf: no vLLM)")
     return torch.cuda.get_device_name(0)
 
 
@@ -182,12 +206,13 @@ def build_recipe(args: argparse.Namespace, model_dir: str) -> dict:
         dataset={"name": "synthetic-arith", "n": 512, "difficulty": 3, "seed": 0}, reward="coin",
         max_steps=args.steps, save_steps=args.steps, warmup_steps=0, prompts_per_generation=args.prompts,
         prompts_per_step=args.prompts, num_generations=8, per_device_train_batch_size=args.micro_batch,
-        max_completion_length=args.completion_length, use_vllm=True, vllm_mode="colocate")
+        max_completion_length=args.completion_length, use_vllm=args.rollouts == "vllm", vllm_mode="colocate")
     if getattr(args, "cpu_smoke", False):
         recipe["train"].update(bf16=False, gradient_checkpointing=False, vllm_gpu_memory_utilization=None)
     # verifier None: the check measures generation on a random-init model (no hub: CompassVerifier's weights are
     # not there); the paper study's verifier stage is `stapo eval`'s, checked by its preflight
-    recipe["eval"].update(backend="vllm", max_new_tokens=args.completion_length, verifier=None, benchmarks={
+    recipe["eval"].update(backend="vllm" if args.rollouts == "vllm" else "hf", max_new_tokens=args.completion_length,
+                          verifier=None, benchmarks={
         "arith": {"samples": args.eval_samples, "n": args.eval_problems, "limit": args.eval_problems}})
     recipe.pop("workflow", None)
     return recipe
@@ -235,6 +260,8 @@ def train_worker(args: argparse.Namespace) -> dict:
     import stapo.trainer as T
     from stapo import study
 
+    from stapo.step_cost import COST_FIELDS
+
     register_coin()
     out = Path(args.out)
     plan = study.resolve_plan(yaml.safe_load((out / "recipe.yaml").read_text()), MODEL_KEY, args.method)
@@ -243,28 +270,100 @@ def train_worker(args: argparse.Namespace) -> dict:
     (run / "metrics.jsonl").unlink(missing_ok=True)
     trainer = T.build_trainer(plan, run, callbacks=[T.MetricsJsonl(run / "metrics.jsonl")], save_strategy="no",
                               disable_tqdm=True)
+    rollouts = _time_vllm_rollouts(trainer, torch) if args.rollouts == "vllm" else []
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    if args.rollouts == "hf":  # TRL's generate: the rollout's seconds and tokens from metrics.jsonl (step_cost)
+        n = args.prompts * 8
+        rollouts += [{"seconds": r["gen_seconds"], "tokens": round(r["response_length_mean"] * n), "completions": n}
+                     for r in rows if r["gen_seconds"]]
+    tok = trainer.processing_class
+    prompts = trainer.train_dataset["prompt"][:64]
+    prompt_mean = statistics.mean(len(tok(p)["input_ids"]) for p in prompts)
+    result = {"method": args.method, "step_seconds": [r["step_seconds"] for r in rows], "rollouts": rollouts,
+              "prompt_tokens_mean": prompt_mean, **_memory(torch),
+              "step_cost": [{k: r[k] for k in COST_FIELDS} for r in rows]}
+    long_prompt = min(1024, args.long_length // 8)
+    result["probes"] = {"run": update_probe(trainer, args.micro_batch, round(prompt_mean), args.completion_length),
+                        "long": update_probe(trainer, 1, long_prompt, args.long_length - long_prompt)}
+    result["imports"] = imported_distributions()
+    return result
+
+
+def _time_vllm_rollouts(trainer, torch) -> list[dict]:
+    """Wrap the trainer's vLLM generate: each call's seconds, completion tokens and completions, in order."""
     rollouts, generate = [], trainer.vllm_generation.generate
-    cuda = torch.cuda.is_available()
 
     def timed_generate(*a, **kw):
         t0 = time.perf_counter()
         result = generate(*a, **kw)  # (prompt_ids, completion_ids, logprobs, logprob_token_ids)
-        if cuda:
+        if torch.cuda.is_available():
             torch.cuda.synchronize()
         rollouts.append({"seconds": time.perf_counter() - t0, "tokens": sum(len(c) for c in result[1]),
                          "completions": len(result[1])})
         return result
 
     trainer.vllm_generation.generate = timed_generate
+    return rollouts
+
+
+def _probe_inputs(trainer, sequences: int, prompt_len: int, completion_len: int) -> dict:
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    vocab = len(trainer.processing_class)
+    ids = lambda n: torch.randint(100, vocab, (sequences, n), generator=g)  # noqa: E731
+    batch = {"prompt_ids": ids(prompt_len), "prompt_mask": torch.ones(sequences, prompt_len, dtype=torch.long),
+             "completion_ids": ids(completion_len),
+             "completion_mask": torch.ones(sequences, completion_len, dtype=torch.long),
+             "advantages": torch.tensor([(-1.0) ** i for i in range(sequences)]),
+             "num_items_in_batch": torch.tensor(sequences * completion_len)}
+    return {k: v.to(trainer.accelerator.device) for k, v in batch.items()}
+
+
+def update_probe(trainer, sequences: int, prompt_len: int, completion_len: int, repeats: int = 2) -> dict:
+    """One micro-batch of ``sequences`` × (prompt + completion) tokens through the trained policy's loss forward
+    and backward (the update's work; the optimiser step is not in it), after one warm-up: seconds, tokens/s, MFU
+    (stapo.step_cost), GPU-busy fraction (torch.profiler's CUDA kernel time / wall time) and peak memory."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from stapo.step_cost import device_peak, model_flop_params, update_flops
+
+    cuda = torch.cuda.is_available()
+    inputs, model = _probe_inputs(trainer, sequences, prompt_len, completion_len), trainer.model
+
+    def once():
+        with trainer.compute_loss_context_manager():
+            loss = trainer.compute_loss(model, inputs)
+        trainer.accelerator.backward(loss)
+        trainer._window = None  # the probe is not an optimiser step: drop its sums
+        model.zero_grad(set_to_none=True)
+
+    once()
     if cuda:
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    trainer.train()
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    tok = trainer.processing_class
-    prompts = trainer.train_dataset["prompt"][:64]
-    result = {"method": args.method, "step_seconds": [r["step_seconds"] for r in rows], "rollouts": rollouts,
-              "prompt_tokens_mean": statistics.mean(len(tok(p)["input_ids"]) for p in prompts)}
-    return {**result, **_memory(torch)}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            once()
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    device_us = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)  # noqa: E731
+    kernel_us = sum(device_us(e) for e in prof.key_averages()) if cuda else None
+    length = prompt_len + completion_len
+    seconds, tokens = wall / repeats, sequences * length
+    flops = update_flops(model_flop_params(trainer.accelerator.unwrap_model(model)), tokens, sequences * length**2)
+    peak = device_peak()[1]
+    return {"sequences": sequences, "length": length, "tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds, "mfu": flops / (seconds * peak * 1e12) if peak else None,
+            "gpu_busy": kernel_us / 1e6 / wall if cuda else None,
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
 
 
 def _memory(torch) -> dict:
@@ -323,7 +422,8 @@ def run_worker(args: argparse.Namespace, kind: str, method: str | None = None) -
     cmd = [sys.executable, __file__, "--worker", kind, "--out", str(out), "--steps", str(args.steps),
            "--prompts", str(args.prompts), "--completion-length", str(args.completion_length),
            "--micro-batch", str(args.micro_batch), "--eval-problems", str(args.eval_problems),
-           "--eval-samples", str(args.eval_samples)] + (["--method", method] if method else []) \
+           "--eval-samples", str(args.eval_samples), "--long-length", str(args.long_length),
+           "--rollouts", args.rollouts] + (["--method", method] if method else []) \
         + (["--cpu-smoke"] if args.cpu_smoke else [])
     t0 = time.perf_counter()
     with open(out / f"{name}.log", "w") as log:
@@ -344,12 +444,14 @@ def _steady(values: list) -> list:
     return values[1:] if len(values) > 1 else values
 
 
-def summarize(train: dict[str, dict], ev: dict, gpu: str,
-              reference_params_b: float = REFERENCE_PARAMS_B) -> tuple[dict, dict]:
+def summarize(train: dict[str, dict], ev: dict | None, gpu: str, reference_params_b: float = REFERENCE_PARAMS_B,
+              engine: str = "vllm", date: str | None = None) -> tuple[dict, dict]:
     """(per-method figures, throughputs for stapo plan) from the workers' results.
 
     One rollout batch per optimiser step, so TRL runs no old-log-prob forward: the update rate is forward +
     backward only, which is what stapo.plan's ``train_tokens_per_s`` means (it adds the extra forwards itself).
+    ``ev`` None: no evaluation ran (--no-eval). ``engine``: the rollout engine that measured the rollout rate; ``date``:
+    when (the throughputs say both, as stapo plan prints them).
     """
     methods = {}
     for method, r in train.items():
@@ -363,14 +465,20 @@ def summarize(train: dict[str, dict], ev: dict, gpu: str,
                            "rollout_tokens_per_s": tokens / gen_s,
                            "train_tokens_per_s": update_tokens / max(step - gen_s, 1e-9),
                            "response_tokens_mean": tokens / completions, "completions": completions,
-                           "peak_reserved_gib": r["peak_reserved_gib"], "device_used_gib": r["device_used_gib"]}
+                           "peak_reserved_gib": r["peak_reserved_gib"], "device_used_gib": r["device_used_gib"],
+                           "probes": r.get("probes", {})}
     ref = methods.get("justrl") or next(iter(methods.values()))
     throughputs = {"gpu": gpu, "device": "cpu" if gpu.startswith("cpu") else "cuda",  # stapo plan: where measured
+                   "measured": date or time.strftime("%Y-%m-%d"), "rollout_engine": engine,
                    "reference_params_b": reference_params_b,
                    "rollout_tokens_per_s": round(ref["rollout_tokens_per_s"], 1),
-                   "train_tokens_per_s": round(ref["train_tokens_per_s"], 1),
-                   "eval_tokens_per_s": round(ev["tokens"] / ev["generation_s"], 1),
-                   "engine_start_s": round(ev["engine_start_s"], 1)}
+                   "train_tokens_per_s": round(ref["train_tokens_per_s"], 1)}
+    long = ref["probes"].get("long")
+    if long:  # the update at a long sequence (one micro-batch), measured rather than extrapolated
+        throughputs.update(long_length=long["length"], train_tokens_per_s_long=round(long["tokens_per_s"], 1))
+    if ev is not None:
+        throughputs.update(eval_tokens_per_s=round(ev["tokens"] / ev["generation_s"], 1),
+                           engine_start_s=round(ev["engine_start_s"], 1))
     return methods, throughputs
 
 
@@ -384,9 +492,26 @@ def report(methods: dict, ev: dict, throughputs: dict, model: str = "random-init
                      f"{f['response_tokens_mean']:9.0f} {f['peak_reserved_gib']:9.1f} {f['device_used_gib']:9.1f}")
     if {"stapo", "justrl"} <= set(methods):
         lines.append(f"step time stapo / justrl = {methods['stapo']['step_s'] / methods['justrl']['step_s']:.3f}")
-    lines.append(f"eval (lm-eval vllm): {ev['samples']} samples, {ev['tokens']} tokens in {ev['generation_s']:.1f} s "
-                 f"= {throughputs['eval_tokens_per_s']:.0f} tok/s; engine start {ev['engine_start_s']:.1f} s")
+    lines += probe_lines(methods)
+    lines.append(f"rollouts: {throughputs.get('rollout_engine', 'vllm')}")
+    if ev is None:
+        lines.append("eval: not run (--no-eval)")
+    else:
+        lines.append(f"eval (lm-eval): {ev['samples']} samples, {ev['tokens']} tokens in {ev['generation_s']:.1f} s "
+                     f"= {throughputs['eval_tokens_per_s']:.0f} tok/s; engine start {ev['engine_start_s']:.1f} s")
     return "\n".join(lines)
+
+
+def probe_lines(methods: dict) -> list[str]:
+    """The update probes per method: one micro-batch at the run's shape and at the long length."""
+    fmt = lambda v, spec: ("—" if v is None else format(v, spec)).rjust(int(spec.split(".")[0]))  # noqa: E731
+    lines = [f"{'update probe':<22} {'tokens':>7} {'s':>7} {'tok/s':>8} {'MFU':>6} {'GPU busy':>9} {'peak GiB':>9}"]
+    for m, f in methods.items():
+        for name, p in f.get("probes", {}).items():
+            label = f"{m} {name} {p['sequences']}x{p['length']}"
+            lines.append(f"{label:<22} {p['tokens']:>7} {p['seconds']:7.2f} {p['tokens_per_s']:8.0f} "
+                         f"{fmt(p['mfu'], '6.1%')} {fmt(p['gpu_busy'], '9.0%')} {fmt(p['peak_gib'], '9.1f')}")
+    return lines
 
 
 def dry_run(args: argparse.Namespace, out: Path) -> dict:
@@ -400,9 +525,11 @@ def dry_run(args: argparse.Namespace, out: Path) -> dict:
     info = {"model": {**{k: getattr(config, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                                            "num_key_value_heads", "head_dim", "vocab_size")},
                       "params": count_params(config), "tokenizer_vocab": len(tok)},
-            "plans": resolved_plans(recipe, args.methods),
-            "eval": resolved_eval(out / "recipe.yaml", model_dir, out),
-            "workers": [f"--worker train --method {m}" for m in args.methods] + ["--worker eval"]}
+            "rollouts": args.rollouts, "plans": resolved_plans(recipe, args.methods),
+            "eval": None if args.no_eval else resolved_eval(out / "recipe.yaml", model_dir, out),
+            "workers": [f"--worker train --method {m}" for m in args.methods] + ([] if args.no_eval
+                                                                                   else ["--worker eval"])}
+    info["imports"] = imported_distributions()
     (out / "dry_run.json").write_text(json.dumps(info, indent=2, default=str))
     print(json.dumps(info, indent=2, default=str))
     return info
@@ -424,6 +551,8 @@ def run_workers(args: argparse.Namespace) -> tuple[dict, dict]:
         train[m] = run_worker(args, "train", m)
         print(f"{m}: steps {[round(s, 1) for s in train[m]['step_seconds']]} s, wall {train[m]['wall_s']:.0f} s",
               flush=True)
+    if args.no_eval:
+        return train, None
     ev = run_worker(args, "eval")
     print(f"eval: wall {ev['wall_s']:.0f} s", flush=True)
     return train, ev
@@ -444,7 +573,7 @@ def main(argv=None) -> int:
     from stapo.vllm_settings import VllmUnavailable
 
     try:
-        gpu = preflight(args.cpu_smoke)
+        gpu = preflight(args.cpu_smoke, args.rollouts)
     except VllmUnavailable as err:
         print(f"gpu_check: {err}", file=sys.stderr)
         return 2
@@ -459,10 +588,13 @@ def main(argv=None) -> int:
     except RuntimeError as err:  # a worker failed: its log tail, not this process's traceback
         print(err, file=sys.stderr)
         return 1
-    methods, throughputs = summarize(train, ev, gpu, SMOKE_PARAMS_B if args.cpu_smoke else REFERENCE_PARAMS_B)
+    methods, throughputs = summarize(train, ev, gpu, SMOKE_PARAMS_B if args.cpu_smoke else REFERENCE_PARAMS_B,
+                                     args.rollouts)
     (out / "throughputs.yaml").write_text(yaml.safe_dump(throughputs, sort_keys=False))
+    imports = sorted(set(imported_distributions()).union(*(t.get("imports", []) for t in train.values())))
     (out / "gpu_check.json").write_text(json.dumps({"methods": methods, "eval": ev, "throughputs": throughputs,
-                                                    "args": vars(args)}, indent=2, default=str))
+                                                    "imports": imports, "args": vars(args)}, indent=2, default=str))
+    print(f"imports (this process and the workers): {', '.join(imports)}")
     print(report(methods, ev, throughputs, *(["tiny random Qwen3 (--cpu-smoke), fp32"] if args.cpu_smoke else [])))
     print(f"total {time.perf_counter() - t0:.0f} s; throughputs for `stapo plan`: {out / 'throughputs.yaml'}")
     plan_estimate(out / "throughputs.yaml", args.cpu_smoke)

@@ -29,6 +29,7 @@ _STEPS = Bound(1_000_000, "the paper trains 3,000 rollout steps; a million is mo
 _SEED = Bound(2**32 - 1, "numpy's and vLLM's seeds are 32-bit")
 _TOKENS = Bound(131_072, "Qwen3's longest context (with YaRN); the paper generates 20,480 tokens")
 _GPUS = Bound(1_024, "GPUs of one job; the paper uses 64")
+_NODES = Bound(1_024, "nodes of one job; the paper uses 8", minimum=1)
 _CPUS = Bound(65_536, "CPUs of one job")
 _MEM_MB = Bound(16 * 1024**2, "16 TiB: no node has more memory")
 _MINUTES = Bound(525_600, "one year, in minutes")
@@ -64,6 +65,7 @@ BOUNDS: dict[str, Bound] = {
     "difficulty": Bound(100, "arith operand digits", minimum=1),
     "grade_timeout": Bound(3_600.0, "seconds to grade one answer; math-verify needs well under one"),
     "gpus": _GPUS,
+    "nodes": _NODES,
     "eval_gpus": _GPUS,
     "train_cpus": Bound(_CPUS.maximum, _CPUS.why, minimum=1),
     "eval_cpus": Bound(_CPUS.maximum, _CPUS.why, minimum=1),

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from transformers import TrainerCallback
 
+from stapo import step_cost
 from stapo.atomic import append_line
 from stapo.schedule import rollout_step
 
@@ -34,6 +35,8 @@ class StepAccumulator:
         trainer's; None for the sequence-mean loss).
     metric_sums: [len(STEP_METRICS)] Σ n·metric, n = the micro-batch's completion tokens.
     tokens: Σ n. kept: Σ n·kept_fraction, the kept-token count. loss: Σ of the back-propagated losses.
+    sequences: [2] Σ L and Σ L² over the micro-batches' sequences, L = prompt + completion tokens (the step's
+        model FLOPs, stapo.step_cost).
     """
 
     normaliser: Tensor | None = None
@@ -41,23 +44,30 @@ class StepAccumulator:
     tokens: Tensor | None = None
     kept: Tensor | None = None
     loss: Tensor | None = None
+    sequences: Tensor | None = None
 
-    def add(self, metrics: dict, completion_mask: Tensor, loss: Tensor) -> None:
-        """Add one micro-batch: the objective's ``metrics``, its completion mask and its (detached) loss."""
+    def add(self, metrics: dict, completion_mask: Tensor, loss: Tensor, attention_mask: Tensor | None = None) -> None:
+        """Add one micro-batch: the objective's ``metrics``, its completion mask, its (detached) loss and the
+        attention mask of its prompts + completions (default: the completion mask)."""
         n = completion_mask.sum().float()
         f64 = lambda v: torch.as_tensor(v, dtype=torch.float64, device=n.device)  # noqa: E731
         sums = torch.stack([f64(n * metrics[k]) for k in STEP_METRICS])
         self.metric_sums = sums if self.metric_sums is None else self.metric_sums + sums
-        for name, value in (("tokens", f64(n)), ("kept", f64(n * metrics["kept_fraction"])), ("loss", f64(loss))):
+        lengths = f64((completion_mask if attention_mask is None else attention_mask).sum(-1))
+        for name, value in (("tokens", f64(n)), ("kept", f64(n * metrics["kept_fraction"])), ("loss", f64(loss)),
+                            ("sequences", torch.stack([lengths.sum(), (lengths**2).sum()]))):
             mine = getattr(self, name)
             setattr(self, name, value if mine is None else mine + value)
+
+    def flat(self) -> Tensor:
+        """[len(STEP_METRICS) + 5] every sum in one vector (the all-reduce's operand)."""
+        return torch.cat([self.metric_sums, torch.stack([self.tokens, self.kept, self.loss]), self.sequences])
 
     def reduced(self, accelerator) -> StepAccumulator:
         """The sums over all processes (one all-reduce); the normaliser is every process's own."""
         m = len(STEP_METRICS)
-        flat = torch.cat([self.metric_sums, torch.stack([self.tokens, self.kept, self.loss])])
-        flat = accelerator.reduce(flat, reduction="sum")
-        return StepAccumulator(self.normaliser, flat[:m], flat[m], flat[m + 1], flat[m + 2])
+        flat = accelerator.reduce(self.flat(), reduction="sum")
+        return StepAccumulator(self.normaliser, flat[:m], flat[m], flat[m + 1], flat[m + 2], flat[m + 3:])
 
     def means(self) -> dict[str, float]:
         """The token-weighted mean of every STEP_METRICS entry (0 for a step without completion tokens)."""
@@ -89,7 +99,8 @@ class MetricsJsonl(TrainerCallback):
     """Append one JSON line per optimiser step to ``path`` (flushed + fsynced, so a kill loses at most a line).
 
     TRL logs the rollout's fields (reward, accuracy, lengths) only on the optimiser step that generated it; the
-    other k − 1 steps of the rollout batch repeat them, so every line is complete.
+    other k − 1 steps of the rollout batch repeat them, so every line is complete. Each line also carries what the
+    step cost (stapo.step_cost: seconds per part, tokens/s per GPU, MFU, peak memory).
     """
 
     ROLLOUT_FIELDS = ("reward_mean", "reward_std", "accuracy", "response_length_mean")
@@ -98,12 +109,20 @@ class MetricsJsonl(TrainerCallback):
         self.path, self.k = Path(path), k  # k optimiser steps per rollout step
         self._t0 = None
         self._seconds = None
+        self._memory = None
         self._rollout: dict = {}
+        self.device, self.peak_tflops = step_cost.device_peak()
 
     def on_step_begin(self, args, state, control, **kwargs):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         self._t0 = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            self._memory = torch.cuda.max_memory_allocated() / 2**30
         self._seconds = time.perf_counter() - self._t0 if self._t0 is not None else None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -118,4 +137,6 @@ class MetricsJsonl(TrainerCallback):
         else:
             row.update(self._rollout)
         row["step_seconds"] = self._seconds
+        row.update(step_cost.cost_fields(logs, self._seconds, args.world_size, self.device, self.peak_tflops,
+                                         self._memory))
         append_line(self.path, json.dumps(row))

@@ -54,6 +54,7 @@ MODEL_PARAMS_B = {
     "bundled:smollm2-135m-instruct": 0.135, "bundled:tiny-qwen3": 0.02,
 }
 EXTRA_FORWARD = 1.0 / 3.0  # forward+backward ≈ 3 forwards: one more forward pass adds a third
+TRAIN_RULES = ("train", "train_nodes")  # workflow/rules/train.smk: one node, several nodes
 THROUGHPUT_KEYS = ("rollout_tokens_per_s", "train_tokens_per_s", "eval_tokens_per_s")
 REFERENCE_THROUGHPUTS = Path(__file__).parent / "reference" / "throughputs.yaml"
 # The paper's statement of its cost (Training Details): 64 H20 GPUs, 5-7 days per training run.
@@ -85,6 +86,10 @@ class Throughputs:
     engine_start_s: float = 60.0
     gpu: str | None = None
     device: str | None = None  # "cuda" or "cpu": where they were measured (gpu_check.py --cpu-smoke: cpu)
+    measured: str | None = None  # the date gpu_check.py measured them (None: not measured by gpu_check)
+    rollout_engine: str | None = None  # what generated the measured rollouts: vllm or hf (gpu_check --rollouts)
+    long_length: int | None = None  # gpu_check's long update probe: one sequence of this many tokens ...
+    train_tokens_per_s_long: float | None = None  # ... and its update tokens/s (reported, not used in the estimate)
     models: dict = field(default_factory=dict)  # model key -> {<throughput key>: tokens/s} measured on that model
     provenance: dict = field(default_factory=dict)  # hardware, model, source, date, measured
     source: str = "command line"  # where these figures come from (set by load_throughputs)
@@ -93,6 +98,16 @@ class Throughputs:
     def on_cpu(self) -> bool:
         """Measured on a CPU (``device: cpu``, or gpu_check's ``gpu: cpu (smoke)``)."""
         return self.device == "cpu" or str(self.gpu or "").lower().startswith("cpu")
+
+    @property
+    def origin(self) -> str:
+        """Measured (when, on what, which rollout engine) or not, for the estimate's printout."""
+        if self.measured:
+            return (f"measured {self.measured} on {self.gpu or 'an unnamed device'} by benchmarks/gpu_check.py, "
+                    f"rollouts {self.rollout_engine or 'vllm'}")
+        if self.provenance.get("measured") is False:
+            return f"not measured: {self.provenance.get('source', 'an estimate')}"
+        return f"{self.gpu or 'GPU not named'}, origin not recorded"
 
 
 # ------------------------------------------------------------------------------------------------------ jobs
@@ -109,13 +124,13 @@ def parse_summary(text: str) -> Jobs:
         parts = path.split("/")
         if len(parts) in (5, 7) and parts[3].startswith("seed"):  # a run of a several-seed study: <method>/seed<k>
             parts = [*parts[:2], f"{parts[2]}/{parts[3]}", *parts[4:]]
-        if rule == "train" and len(parts) == 4 and parts[0] == "runs":
+        if rule in TRAIN_RULES and len(parts) == 4 and parts[0] == "runs":
             jobs.train.append((parts[1], parts[2]))
         elif rule == "evaluate" and path.endswith(".summary.json") and len(parts) == 6:
             jobs.evaluate.append((parts[1], parts[2], parts[3], parts[4], parts[5].removesuffix(".summary.json")))
         elif rule == "recipe":  # one small job per distinct job recipe (results/recipes/<digest>.yaml)
             other[rule] = other.get(rule, 0) + 1
-        elif rule not in ("train", "evaluate"):
+        elif rule not in (*TRAIN_RULES, "evaluate"):
             other[rule] = 1  # report-like rules: one job writing many files (no GPU)
     jobs.other = Counter(other)
     return jobs
@@ -251,7 +266,7 @@ def eval_job_seconds(study: Study, model: str, benchmark: str, tp: Throughputs, 
 
 
 def _gpus(study: Study, model: str) -> int:
-    return max(study.models[model].gpus, 1)  # a CPU job counts as one device
+    return study.models[model].processes  # nodes x GPUs per node; a CPU job counts as one device
 
 
 def _eval_gpus(study: Study, model: str) -> int:
@@ -282,9 +297,12 @@ def estimate(jobs: Jobs, study: Study, tp: Throughputs, *, prompt_tokens: float 
                 kinds[kind].append(eval_job_seconds(study, model, bench, tp, pb, eval_tokens))
         train_h = _hours(list(runs.values()))
         per_model[model] = {
-            "params_b": pb, "gpus_per_run": _gpus(study, model), "eval_gpus": _eval_gpus(study, model),
+            "params_b": pb, "gpus_per_run": _gpus(study, model), "nodes": study.models[model].nodes,
+            "gpus_per_node": max(1, study.models[model].gpus), "eval_gpus": _eval_gpus(study, model),
             "train_runs": len(runs), "train_gpu_hours": train_h,
             "train_gpu_hours_per_run": {k: (v / 3600 if v is not None else None) for k, v in runs.items()},
+            "train_wall_days_per_run": {k: (v / 3600 / 24 / _gpus(study, model) if v is not None else None)
+                                        for k, v in runs.items()},
             "eval_jobs": {k: len(v) for k, v in kinds.items()},
             "eval_gpu_hours": {k: _hours(v) for k, v in kinds.items()},
         }
@@ -297,11 +315,27 @@ def estimate(jobs: Jobs, study: Study, tp: Throughputs, *, prompt_tokens: float 
             "total_gpu_hours": total,
             "assumptions": {"prompt_tokens": prompt_tokens, "response_tokens": response_tokens or "max/3",
                             "eval_tokens": eval_tokens or "max/3", "extra_forward_cost": round(EXTRA_FORWARD, 3)},
-            "throughputs": {**asdict(tp), "on_cpu": tp.on_cpu}, "paper_run_gpu_hours": list(PAPER_RUN_GPU_HOURS)}
+            "throughputs": {**asdict(tp), "on_cpu": tp.on_cpu, "origin": tp.origin},
+            "paper_run_gpu_hours": list(PAPER_RUN_GPU_HOURS), "paper_run_days": list(PAPER_COST["days"])}
 
 
 def _fmt(hours: float | None) -> str:
     return "n/a" if hours is None else f"{hours:,.1f}"
+
+
+def wall_days_lines(plan: dict) -> list[str]:
+    """Wall-days per training run at each model's configured topology, beside the paper's."""
+    lines = ["", "wall-days per training run at the configured topology (GPU-hours / GPUs: linear scaling over "
+                 "nodes assumed, communication not modelled):"]
+    for model, m in plan["models"].items():
+        days = [d for d in m.get("train_wall_days_per_run", {}).values() if d is not None]
+        topology = f"{m.get('nodes', 1)} node(s) x {m.get('gpus_per_node', m['gpus_per_run'])} GPUs"
+        span = f"{min(days):,.1f}-{max(days):,.1f} days" if days else "n/a"
+        lines.append(f"  {model:<20} {topology:<20} {span}")
+    lo, hi = plan.get("paper_run_days", PAPER_COST["days"])
+    lines.append(f"  {'paper':<20} {'8 node(s) x 8 GPUs':<20} {lo}-{hi} days ({PAPER_COST['gpus']} "
+                 f"{PAPER_COST['hardware']})")
+    return lines
 
 
 def format_plan(plan: dict) -> str:
@@ -317,7 +351,8 @@ def format_plan(plan: dict) -> str:
         per_run = [h for h in m["train_gpu_hours_per_run"].values() if h is not None]
         wall = f"{max(per_run) / m['gpus_per_run']:,.1f}" if per_run else "n/a"
         run = f"{min(per_run):,.0f}-{max(per_run):,.0f}" if per_run else "n/a"
-        lines.append(f"{model:<20} {'train':<16} {m['train_runs']:>6} {m['gpus_per_run']:>8} "
+        gpus = f"{m['nodes']}x{m['gpus_per_node']}" if m.get("nodes", 1) > 1 else m["gpus_per_run"]
+        lines.append(f"{model:<20} {'train':<16} {m['train_runs']:>6} {gpus:>8} "
                      f"{_fmt(m['train_gpu_hours']):>12} {wall:>11} {run:>10}")
         for kind, n in m["eval_jobs"].items():
             if n:
@@ -327,11 +362,15 @@ def format_plan(plan: dict) -> str:
     lines += ["", f"GPU-hours: train {_fmt(st['train'])}, evaluate {_fmt(st['evaluate'])}, "
                   f"total {_fmt(plan['total_gpu_hours'])}",
               "assumptions: " + ", ".join(f"{k} {v}" for k, v in plan["assumptions"].items())]
+    lines += wall_days_lines(plan)
     tp = plan["throughputs"]
     ref = f"reference {tp['reference_params_b']} B" if tp.get("reference_params_b") else "per model"
     lines.append(f"throughputs ({tp.get('source', 'command line')}; {tp.get('gpu') or 'GPU not named'}, {ref}): "
                  + ", ".join(f"{k.removesuffix('_tokens_per_s')} {tp[k]:,.0f} tok/s/GPU" for k in THROUGHPUT_KEYS
                              if tp.get(k) is not None))
+    lines.append(f"  {tp.get('origin', 'origin not recorded')}"
+                 + (f"; update at {tp['long_length']:,} tokens (one sequence): {tp['train_tokens_per_s_long']:,.0f}"
+                    " tok/s/GPU" if tp.get("train_tokens_per_s_long") else ""))
     if tp.get("on_cpu"):
         lines.append("WARNING: these throughputs were measured on a CPU: the GPU-hours above are not a GPU estimate")
     lo, hi = PAPER_RUN_GPU_HOURS

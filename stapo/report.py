@@ -23,6 +23,8 @@ Outputs (under ``--out``, each written atomically):
     figures/<model>_<kind>.{png,pdf}, figures/spurious_ratio.{png,pdf}   the comparison figures
                  (``stapo.comparison_figures``: Pareto, τ_p / q sweeps, masking ablation, FullMask, spurious ratio)
                  whose methods the study has; a figure whose inputs are missing is skipped, with one line saying why
+    cost.md, figures/<model>_time_breakdown.{png,pdf}   what each run cost per training step: seconds by part,
+                 tokens/s per GPU, MFU, peak memory (``stapo.cost_report``)
     silenced_examples.md   the logged silenced tokens: context, token, p, H, Â and the top-5 alternatives
     figures.md   the figure index: every figure with its caption and the paper figure it reproduces, and the
                  skipped ones with why (linked from table.md)
@@ -45,7 +47,7 @@ import yaml
 
 from stapo import study as stapo_study
 from stapo.atomic import atomic_write, check_creatable_dir
-from stapo import comparison_figures, seed_report
+from stapo import comparison_figures, cost_report, seed_report
 from stapo.errors import UserError
 from stapo.figures import CAPTIONS, FIGURE_KINDS, settings_order, write_figures  # FIGURE_KINDS: always written
 from stapo.scoring import RULE_STAGES, DamagedScores
@@ -563,12 +565,13 @@ def render_figure_index(figures: list[tuple[str, str, str | None, str | None]], 
     ``figures``: ``[(file stem, kind, model or None, why skipped or None)]``; ``notes``: file stem -> lines under
     its link (a curve hidden under an identical one)."""
     notes = notes or {}
-    captions = {**CAPTIONS, **comparison_figures.CAPTIONS}
+    captions = {**CAPTIONS, **comparison_figures.CAPTIONS, **cost_report.CAPTIONS}
     lines = [f"# Figures — study `{study.name}`", "",
              "Written by `stapo report` (what each plots: stapo/figures.py, stapo/comparison_figures.py); tables: "
              "[table.md](table.md). A figure whose inputs the study or its runs lack is not drawn; its line says "
              "why.", ""]
-    for title, kinds in (("Training curves and token diagnostics", FIGURE_KINDS), *comparison_figures.GROUPS):
+    for title, kinds in (("Training curves and token diagnostics", FIGURE_KINDS), *comparison_figures.GROUPS,
+                         *cost_report.GROUPS):
         lines += [f"## {title}", ""]
         for kind in kinds:
             lines += [f"### `{kind}` — reproduces: {captions[kind][0]}", "", captions[kind][1], ""]
@@ -623,6 +626,7 @@ def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None 
     figures = [f[:4] for f in drawn]
     figures += comparison_figures.write_comparison_figures(out_dir, models, methods, scores, metrics, study)
     notes = {stem: lines for stem, _, _, _, lines in drawn if lines}
+    figures += cost_report.write_costs(out_dir, models, metrics, study)  # cost.md and the time breakdown
     atomic_write(out_dir / "figures.md", render_figure_index(figures, examples, study, notes))
     if any(s.n_seeds > 1 for s in scores):  # a several-seed study: each seed and the paired comparisons
         benchmarks = _ordered({s.benchmark for s in scores}, list(study.eval.benchmarks))

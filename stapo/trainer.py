@@ -61,7 +61,7 @@ import math
 import os
 import shutil
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
@@ -79,6 +79,7 @@ from stapo.models import end_of_turn_token_ids, resolve_model
 from stapo.objectives import Thresholds, policy_loss, step_thresholds
 from stapo.rewards import REWARDS
 from stapo.rundir import CheckpointSentinel, latest_complete_checkpoint, process_state
+from stapo.step_cost import StepClock, model_flop_params, update_flops
 from stapo.schedule import optimizer_steps_per_rollout, per_rollout_schedule, rollout_step
 from stapo import study
 from stapo.study import ObjectiveConfig, Plan, StudyError, TrainSettings, accumulation
@@ -133,6 +134,8 @@ class StapoGRPOTrainer(GRPOTrainer):
         self._window: StepAccumulator | None = None  # the optimiser step's sums on this process, while it runs
         self._thresholds: Thresholds | None = None  # this optimiser step's entropy thresholds (mini-batch scope)
         self._capture: list | None = None  # entropies of the π_old forward, while one is being captured
+        self._clock = StepClock()  # seconds of the rollout and its no-grad forwards in this optimiser step
+        self._flop_shape = model_flop_params(self.accelerator.unwrap_model(self.model))  # before FSDP wraps it
         engine = self.accelerator.distributed_type.value
         self._normaliser = Normaliser.choose(objective.loss_agg_mode, deepspeed=engine == "DEEPSPEED")
         if self._normaliser is Normaliser.DEEPSPEED_KEPT_FRACTION and objective.uses_thresholds:
@@ -165,17 +168,26 @@ class StapoGRPOTrainer(GRPOTrainer):
     # -- entropy thresholds at mini-batch scope --------------------------------------------------------------
 
     def _get_per_token_logps_and_entropies(self, model, *args, compute_entropy=False, **kwargs):
-        if self._capture is None or model is not self.model:
-            return super()._get_per_token_logps_and_entropies(model, *args, compute_entropy=compute_entropy, **kwargs)
-        logps, entropies, aux = super()._get_per_token_logps_and_entropies(model, *args, compute_entropy=True,
-                                                                           **kwargs)
+        with self._clock.timing("forward") if self._clock.in_rollout else nullcontext():  # π_old / reference
+            if self._capture is None or model is not self.model:
+                return super()._get_per_token_logps_and_entropies(model, *args, compute_entropy=compute_entropy,
+                                                                  **kwargs)
+            logps, entropies, aux = super()._get_per_token_logps_and_entropies(model, *args, compute_entropy=True,
+                                                                               **kwargs)
         self._capture.append(entropies)  # TRL's π_old forward: keep its entropies (no second pass)
         return logps, entropies if compute_entropy else None, aux
 
     def _generate_and_score_completions(self, inputs):
-        """TRL's rollout, plus π_old's per-token entropies (and log-probs when TRL did not compute them) for the
-        mini-batch thresholds, as ``stat_entropies`` / ``stat_logps``: shuffled and split with the batch."""
-        if not (self.model.training and self._mini_batch_scope):
+        """TRL's rollout (timed: stapo.step_cost), plus π_old's per-token entropies (and log-probs when TRL did not
+        compute them) for the mini-batch thresholds, as ``stat_entropies`` / ``stat_logps``: shuffled and split with
+        the batch."""
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        with self._clock.timing("rollout"):
+            return self._rollout_with_entropies(inputs)
+
+    def _rollout_with_entropies(self, inputs):
+        if not self._mini_batch_scope:
             return super()._generate_and_score_completions(inputs)
         self._capture = []
         try:
@@ -188,7 +200,7 @@ class StapoGRPOTrainer(GRPOTrainer):
         else:  # aligned case (one optimiser step per rollout batch): TRL skips π_old's forward, which is π_θ
             ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
             mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
-            with torch.no_grad():
+            with torch.no_grad(), self._clock.timing("forward"):
                 out["stat_logps"], out["stat_entropies"], _ = super()._get_per_token_logps_and_entropies(
                     self.model, ids, mask, out["completion_ids"].size(1),
                     batch_size=self.args.per_device_train_batch_size, compute_entropy=True)
@@ -235,7 +247,7 @@ class StapoGRPOTrainer(GRPOTrainer):
         if training and self._normaliser.per_micro_batch:
             loss = loss / self.current_gradient_accumulation_steps  # TRL's grpo / bnpo loss scaling
         if training:
-            self._window.add(metrics, completion_mask, loss.detach())
+            self._window.add(metrics, completion_mask, loss.detach(), attention_mask)
         return loss
 
     def _provisional_normalizer(self, inputs) -> torch.Tensor:
@@ -281,8 +293,18 @@ class StapoGRPOTrainer(GRPOTrainer):
                                     f"(train.learning_rate {self.args.learning_rate:g}); nothing of this step "
                                     "was applied or saved")
         trl_compat.log_metric(self, "objective_loss", objective_loss)
+        self._log_step_cost(w)
         if self._diagnostics is not None:
             self._diagnostics.end_step(self.state.global_step + 1)  # global_step advances after this step
+
+
+    def _log_step_cost(self, w: StepAccumulator) -> None:
+        """The step's rollout and forward seconds, tokens and the update's model FLOPs (stapo.step_cost)."""
+        gen, forward = self._clock.take()
+        tokens, tokens_sq = (float(v) for v in w.sequences)
+        for key, value in (("gen_seconds", gen), ("forward_seconds", forward), ("step_tokens", tokens),
+                           ("step_flops", update_flops(self._flop_shape, tokens, tokens_sq))):
+            trl_compat.log_metric(self, key, value)
 
 
 def _fp32_gradient_reduction(plugin) -> None:

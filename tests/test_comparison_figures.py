@@ -74,7 +74,9 @@ def write_runs(tmp: Path, study: stapo_study.Study, models=MODELS) -> tuple[Path
         for i, method in enumerate(study.methods):
             s2t = study.methods[method].token_mask == "s2t"
             rows = [{"step": s, "entropy_mean": 0.5 + slope(i) * s,
-                     "silenced_fraction": 1e-5 * s * (mi + 1) if s2t else 0.0} for s in STEPS]
+                     "silenced_fraction": 1e-5 * s * (mi + 1) if s2t else 0.0,
+                     "gen_seconds": 3.0 + i, "forward_seconds": 0.5, "update_seconds": 1.0 + mi,  # stapo.step_cost
+                     "step_seconds": 4.5 + i + mi} for s in STEPS]
             (runs / model / method).mkdir(parents=True, exist_ok=True)
             (runs / model / method / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return scores, runs

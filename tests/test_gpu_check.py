@@ -38,7 +38,8 @@ def test_argument_parsing(gc):
 
 
 def test_dry_run_builds_the_configs(gc, tmp_path, capsys):
-    args = gc.parse_args(["--dry-run", "--out", str(tmp_path), "--methods", "justrl,stapo,grpo", "--prompts", "8",
+    args = gc.parse_args(["--dry-run", "--rollouts", "vllm", "--out", str(tmp_path), "--methods", "justrl,stapo,grpo",
+                          "--prompts", "8",
                           "--completion-length", "2048", "--eval-problems", "16"])
     info = gc.dry_run(args, tmp_path)
     model = info["model"]
@@ -68,11 +69,12 @@ def test_summary_arithmetic(gc):
              for m in ("justrl", "stapo")}
     train["stapo"]["step_seconds"] = [99.0, 33.0, 35.2]
     ev = {"tokens": 20_000, "generation_s": 4.0, "engine_start_s": 30.0, "samples": 64}
-    methods, tp = gc.summarize(train, ev, "H200")
+    methods, tp = gc.summarize(train, ev, "H200", date="2026-12-05")
     # steady state drops the first step: median step 31 s, rollout 10 s of 64,000 tokens
     assert methods["justrl"]["rollout_tokens_per_s"] == 6400
     assert methods["justrl"]["train_tokens_per_s"] == pytest.approx(64 * (100 + 1000) / 21)
-    assert tp == {"gpu": "H200", "device": "cuda", "reference_params_b": 1.7, "rollout_tokens_per_s": 6400.0,
+    assert tp == {"gpu": "H200", "device": "cuda", "measured": "2026-12-05", "rollout_engine": "vllm",
+                  "reference_params_b": 1.7, "rollout_tokens_per_s": 6400.0,
                   "train_tokens_per_s": round(64 * 1100 / 21, 1), "eval_tokens_per_s": 5000.0, "engine_start_s": 30.0}
     assert "step time stapo / justrl = 1.100" in gc.report(methods, ev, tp)  # 34.1 / 31
 
@@ -108,7 +110,7 @@ def test_cpu_smoke_defaults_fit_the_tiny_model(gc):
 
 
 def test_cpu_smoke_recipe_differs_only_in_precision_and_engine_memory(gc):
-    sizes = ["--prompts", "4", "--completion-length", "4096", "--micro-batch", "1"]
+    sizes = ["--prompts", "4", "--completion-length", "4096", "--micro-batch", "1", "--rollouts", "vllm"]
     gpu = gc.build_recipe(gc.parse_args(sizes), "/m")["train"]
     cpu = gc.build_recipe(gc.parse_args(["--cpu-smoke", *sizes]), "/m")["train"]
     assert (gpu["bf16"], gpu["gradient_checkpointing"], gpu["vllm_gpu_memory_utilization"]) == (True, True, 0.5)
@@ -118,3 +120,48 @@ def test_cpu_smoke_recipe_differs_only_in_precision_and_engine_memory(gc):
         == {k: v for k, v in cpu.items() if k not in ("bf16", "gradient_checkpointing", "vllm_gpu_memory_utilization")}
     assert (gpu["max_completion_length"], gpu["prompts_per_step"], gpu["use_vllm"], gpu["reward"]) == (
         4096, 4, True, "coin")
+
+
+def _no_vllm_no_lm_eval(imports: list[str]) -> None:
+    names = {name.lower().replace("-", "_") for name in imports}
+    assert {"torch", "transformers", "stapo"} <= names, names  # a real import list
+    assert not {n for n in names if "vllm" in n or n.startswith("lm_eval")}, names
+
+
+def test_hf_rollouts_without_eval_import_neither_vllm_nor_lm_eval(tmp_path):
+    """--rollouts hf --no-eval: the recipe generates with TRL's HF generate, no eval stage, and the dry run's import
+    list (the installed distributions the process imported) has no vLLM and no lm-eval."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--rollouts", "hf", "--no-eval", "--dry-run", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info = json.loads((tmp_path / "dry_run.json").read_text())
+    assert info["rollouts"] == "hf" and info["eval"] is None and info["workers"] == [
+        "--worker train --method justrl", "--worker train --method stapo"]
+    assert info["plans"]["stapo"]["vllm"] == {"use_vllm": False}
+    _no_vllm_no_lm_eval(info["imports"])
+
+
+@pytest.mark.slow
+def test_cpu_smoke_with_hf_rollouts_measures_the_update(tmp_path):
+    """--cpu-smoke --rollouts hf --no-eval end to end on CPU (no vLLM anywhere): per method the update probes at the
+    run's shape and at --long-length, the rollout rate from metrics.jsonl, throughputs naming the engine, and no
+    vLLM / lm-eval in the workers' imports."""
+    out = tmp_path / "gc"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--rollouts", "hf", "--no-eval", "--out",
+                           str(out), "--long-length", "256"], capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((out / "gpu_check.json").read_text())
+    _no_vllm_no_lm_eval(result["imports"])
+    assert {"trl", "accelerate", "datasets"} <= set(result["imports"])
+    for method in ("justrl", "stapo"):
+        probes = result["methods"][method]["probes"]
+        assert (probes["run"]["sequences"], probes["long"]["sequences"], probes["long"]["length"]) == (4, 1, 256)
+        for p in probes.values():
+            assert p["tokens_per_s"] == pytest.approx(p["tokens"] / p["seconds"]) and p["seconds"] > 0
+            assert (p["mfu"], p["gpu_busy"], p["peak_gib"]) == (None, None, None)  # CPU: no peak, no CUDA
+        assert result["methods"][method]["rollout_tokens_per_s"] > 0
+    tp = result["throughputs"]
+    assert (tp["rollout_engine"], tp["device"], tp["long_length"]) == ("hf", "cpu", 256)
+    assert "eval_tokens_per_s" not in tp
+    assert tp["train_tokens_per_s_long"] == round(result["methods"]["justrl"]["probes"]["long"]["tokens_per_s"], 1)
+    assert "update probe" in proc.stdout and "rollouts: hf" in proc.stdout and "eval: not run" in proc.stdout

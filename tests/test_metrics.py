@@ -35,7 +35,7 @@ def _rank(rank: int) -> StepAccumulator:
 
 def test_reduced_sums_are_token_weighted_over_micro_batches_and_ranks():
     ranks = [_rank(0), _rank(1)]
-    flat = [torch.cat([a.metric_sums, torch.stack([a.tokens, a.kept, a.loss])]) for a in ranks]
+    flat = [a.flat() for a in ranks]
     accelerator = SimpleNamespace(reduce=lambda t, reduction: t + flat[1] if reduction == "sum" else None)
     total = ranks[0].reduced(accelerator)
     tokens = sum(sum(lengths) for lengths, _, _ in BATCHES.values())
@@ -48,8 +48,18 @@ def test_reduced_sums_are_token_weighted_over_micro_batches_and_ranks():
     for key in STEP_METRICS:
         expected = sum(sum(lengths) * m[key] for lengths, m, _ in BATCHES.values()) / tokens
         assert means[key] == pytest.approx(expected, rel=1e-6), key
+    lengths = [n for ls, _, _ in BATCHES.values() for n in ls]  # no attention mask given: the completions'
+    assert total.sequences.tolist() == [sum(lengths), sum(n * n for n in lengths)]
     assert float(total.normaliser) == 7.0  # each rank keeps its own provisional normaliser
     assert all(t.dtype == torch.float64 for t in (total.metric_sums, total.tokens, total.kept, total.loss))
+
+
+def test_sequences_count_prompt_and_completion_tokens():
+    acc = StepAccumulator()
+    attention = torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])  # left-padded prompt + completion
+    acc.add(_metrics(5), _mask([2, 5]), torch.tensor(0.0), attention)
+    acc.add(_metrics(6), _mask([1, 1]), torch.tensor(0.0), attention[:1])
+    assert acc.sequences.tolist() == [4 + 6 + 4, 16 + 36 + 16] and float(acc.tokens) == 9
 
 
 def test_step_without_tokens_has_zero_means():

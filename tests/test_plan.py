@@ -197,3 +197,35 @@ def test_seeds_must_be_distinct(tmp_path):
     seeds.write_text("workflow: {seeds: [0, 1, 1]}\n")
     with pytest.raises(UserError, match=r"workflow\.seeds: \[0, 1, 1\] repeats a seed"):
         P.workflow_jobs([TINY, seeds], ROOT / "Snakefile")
+
+
+def test_wall_days_at_the_configured_topology_and_measured_throughputs(tmp_path, capsys, monkeypatch):
+    """configs/paper.yaml trains on 8 nodes x 8 GPUs: wall-days per run = GPU-hours / 64 / 24, printed beside the
+    paper's 5-7 days; one node (an overlay) takes 8 times as long. Throughputs from gpu_check say when, on what and
+    with which rollout engine they were measured."""
+    from stapo.cli import main
+
+    tp = tmp_path / "throughputs.yaml"  # what benchmarks/gpu_check.py --rollouts hf writes
+    tp.write_text("gpu: NVIDIA H200\ndevice: cuda\nmeasured: '2026-12-05'\nrollout_engine: hf\n"
+                  "reference_params_b: 1.7\nrollout_tokens_per_s: 900\ntrain_tokens_per_s: 1800\n"
+                  "long_length: 8192\ntrain_tokens_per_s_long: 4100\neval_tokens_per_s: 3000\n")
+    one_node = tmp_path / "one-node.yaml"
+    one_node.write_text("models: {qwen3-8b-base: {nodes: 1}}\n")
+    monkeypatch.chdir(ROOT)
+    plans = {}
+    for name, files in (("paper", [str(PAPER)]), ("one-node", [str(PAPER), str(one_node)])):
+        assert main(["plan", "--throughputs", str(tp), "--configfile", *files, "--json", str(tmp_path / name)]) == 0
+        plans[name] = (json.loads((tmp_path / name).read_text()), capsys.readouterr().out)
+    plan, text = plans["paper"]
+    m = plan["models"]["qwen3-8b-base"]
+    assert (m["nodes"], m["gpus_per_node"], m["gpus_per_run"]) == (8, 8, 64)
+    days = m["train_wall_days_per_run"]
+    for run, hours in m["train_gpu_hours_per_run"].items():
+        assert days[run] == pytest.approx(hours / 64 / 24)
+    assert f"qwen3-8b-base        8 node(s) x 8 GPUs   {min(days.values()):,.1f}-{max(days.values()):,.1f} days" in text
+    assert "paper                8 node(s) x 8 GPUs   5-7 days (64 H20)" in text
+    assert "measured 2026-12-05 on NVIDIA H200 by benchmarks/gpu_check.py, rollouts hf" in text
+    assert "update at 8,192 tokens (one sequence): 4,100 tok/s/GPU" in text
+    single = plans["one-node"][0]["models"]["qwen3-8b-base"]
+    assert single["gpus_per_run"] == 8
+    assert single["train_wall_days_per_run"]["stapo"] == pytest.approx(8 * days["stapo"])

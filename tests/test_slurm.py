@@ -33,6 +33,7 @@ BIN = Path(sys.executable).parent  # .venv/bin: snakemake and `stapo`
 PROFILE = ROOT / "workflow" / "profiles" / "slurm"
 PAPER, TINY = ROOT / "configs" / "paper.yaml", ROOT / "configs" / "tiny.yaml"
 PARTITION = os.environ.get("STAPO_TEST_SLURM_PARTITION")
+PAPER_PARTITION = os.environ.get("STAPO_TEST_SLURM_PAPER_PARTITION")  # 8 nodes of 8 GPUs (cluster.sh)
 SBATCH = shutil.which("sbatch") or "/usr/bin/sbatch"
 
 # sbatch as the plugin calls it, recorded: one line per call, "<exit status>\t<output>\t<arguments>".
@@ -345,17 +346,19 @@ def dag_requests(config: Path, workdir: Path) -> tuple[int, dict]:
 
 @on_cluster
 def test_paper_study_requests_fit_8_gpu_nodes(tmp_path):
-    """Every distinct request of configs/paper.yaml's jobs, accepted by slurmctld (sbatch --test-only) for this
-    cluster's node (8 GPUs, 64 CPUs, ~1 TB). The jobs Snakemake can submit at once (every training job, the base
-    model's evaluations) go through the real plugin with an sbatch that tests instead of submitting; requests
-    only later jobs have (none, unless a checkpoint's evaluation differs from the base model's) and the report's
-    are tested with the same flags."""
+    """Every distinct request of configs/paper.yaml's jobs, accepted by slurmctld (sbatch --test-only) for the
+    cluster's paper partition: 8 nodes of 8 GPUs, 64 CPUs, ~1 TB (cluster.sh), where each training job asks for all
+    8 nodes (--nodes=8 --gpus=64 --ntasks=8, rule train_nodes). The jobs Snakemake can submit at once (every
+    training job, the base model's evaluations) go through the real plugin with an sbatch that tests instead of
+    submitting; requests only later jobs have (none, unless a checkpoint's evaluation differs from the base
+    model's) and the report's are tested with the same flags."""
     n, requests = dag_requests(PAPER, tmp_path / "dag")
     assert n == 2007, n
     bin_dir, log = recording_bin(tmp_path, extra="--test-only", reply="echo 1")
     output = tmp_path / "snakemake.out"
     proc = subprocess.Popen(snakemake_cmd(tmp_path, "--configfile", PAPER, "--jobs", "100", "--", "results/table.md"),
-                            env=snakemake_env(bin_dir), stdout=output.open("w"), stderr=subprocess.STDOUT)
+                            env=snakemake_env(bin_dir, STAPO_SLURM_PARTITION=PAPER_PARTITION),
+                            stdout=output.open("w"), stderr=subprocess.STDOUT)
     try:
         ready = 12 + 36  # training jobs and base-model evaluations: the DAG's jobs without unfinished inputs
         _wait_for(lambda: len(sbatch_calls(log)) >= ready, 300, f"{ready} submissions", proc)
@@ -364,11 +367,14 @@ def test_paper_study_requests_fit_8_gpu_nodes(tmp_path):
     calls = sbatch_calls(log)
     rejected = [c for c in calls if c["rc"] != 0]
     assert not rejected, rejected[:3]
-    assert all("to start at" in c["out"] and "-p gpu" in c["args"] for c in calls), calls[:3]
-    submitted = {(c["job"].split("_")[1],) + request(c["args"]) for c in calls}
+    assert all("to start at" in c["out"] and f"-p {PAPER_PARTITION}" in c["args"] for c in calls), calls[:3]
+    trains = [c for c in calls if c["job"].startswith("rule_train_nodes_")]
+    assert len(trains) == 12 and all(f in c["args"] for c in trains for f in ("--nodes=8", "--gpus=64", "--ntasks=8"))
+    assert all("on nodes paper[1-8]" in c["out"] for c in trains), trains[:1]
+    submitted = {(re.match(r"rule_(\w+?)(?:_wildcards|$)", c["job"]).group(1),) + request(c["args"]) for c in calls}
     missing = {k for k in requests if k not in submitted}
     for rule, cpus, gpus, mem, minutes in sorted(missing):
-        res = subprocess.run([SBATCH, "--test-only", "-p", PARTITION, "--ntasks=1", f"--cpus-per-task={cpus}",
+        res = subprocess.run([SBATCH, "--test-only", "-p", PAPER_PARTITION, "--ntasks=1", f"--cpus-per-task={cpus}",
                               "--mem", str(mem), "-t", str(minutes), *([f"--gpus={gpus}"] if gpus else []),
                               "--wrap", "true"], capture_output=True, text=True, timeout=60)
         assert res.returncode == 0 and "to start at" in res.stderr, (rule, res.stderr)
@@ -376,6 +382,42 @@ def test_paper_study_requests_fit_8_gpu_nodes(tmp_path):
     res = subprocess.run([SBATCH, "--test-only", "-p", PARTITION, "--gpus=9", "--wrap", "true"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode != 0 and "not available" in res.stderr
+    res = subprocess.run([SBATCH, "--test-only", "-p", PAPER_PARTITION, "--nodes=9", "--wrap", "true"],
+                         capture_output=True, text=True, timeout=60)  # and a ninth node
+    assert res.returncode != 0 and "not available" in res.stderr
+    print(f"\n8-node training request: {trains[0]['args'][:400]} -> {trains[0]['out']}")
     print(f"\npaper study: {n} jobs, {sum(requests.values())} submitted to SLURM, {len(requests)} distinct requests "
           f"(rule, CPUs, GPUs, MB, min): {sorted(requests)}; {len(calls)} through the plugin, "
           f"{len(missing)} directly; all accepted")
+
+
+@on_cluster
+def test_multi_node_launch_line_runs_one_accelerate_launch_per_node(tmp_path):
+    """The training job's multi-node line (stapo.launch) in a real 2-node SLURM job (sbatch on two of the paper
+    nodes): srun starts one task per node, each runs `accelerate launch` (a stand-in recording its arguments) with
+    its own machine rank, the first node's name as rendezvous and the job's port; node 1 drops the driver watch."""
+    from stapo import launch
+
+    record = tmp_path / "launches.log"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    write_exe(bin_dir / "accelerate", f'#!/bin/sh\necho "$SLURM_NODEID|${{STAPO_DRIVER:-none}}|$*" >> {record}\n')
+    line = launch.train_launcher(8, 2, "configs/accelerate/fsdp.yaml") + " train --recipe r.yaml --out runs/m/x"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "STAPO_DRIVER": "123:456"}
+    res = subprocess.run([SBATCH, "--wait", "--parsable", "-p", PAPER_PARTITION, "--nodes=2", "--ntasks=2",
+                          "--gpus=16", "-o", str(tmp_path / "job.out"), "--wrap", line],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr + (tmp_path / "job.out").read_text()
+    job = int(res.stdout.strip().split(";")[0])
+    runs = sorted(record.read_text().splitlines())
+    port = launch.PORT_BASE + job % 20000
+    common = ("launch --config_file configs/accelerate/fsdp.yaml --num_machines 2 --num_processes 16 "
+              "--machine_rank {rank} --main_process_ip {first} --main_process_port {port} -m stapo.cli "
+              "train --recipe r.yaml --out runs/m/x")
+    shown = subprocess.run(["scontrol", "show", "job", str(job)], capture_output=True, text=True).stdout
+    nodelist = re.search(r" NodeList=(\S+)", shown).group(1)
+    hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True).stdout
+    first = hosts.split()[0]
+    assert runs == [f"0|123:456|{common.format(rank=0, first=first, port=port)}",
+                    f"1|none|{common.format(rank=1, first=first, port=port)}"], runs
+    print(f"\n2-node SLURM job {job}: " + " // ".join(runs))

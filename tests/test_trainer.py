@@ -4,6 +4,7 @@ bundled:tiny-qwen3 (CPU), checkpoints/final layout, and kill-and-resume equality
 from __future__ import annotations
 
 import json
+import re
 import os
 import zlib
 from pathlib import Path
@@ -342,6 +343,62 @@ def test_each_method_trains_and_writes_outputs(tmp_path, coin, method):
     after = weights(tmp_path / "checkpoint-1")
     changed = [n for n in before if not torch.equal(before[n], after[n])]
     assert len(changed) >= len(before) // 2, changed
+
+
+@pytest.mark.slow
+def test_every_line_records_what_the_step_cost(tmp_path, coin, monkeypatch):
+    """Cost fields (stapo.step_cost) of a real run, 2 optimiser steps per rollout batch: the rollout's seconds on
+    its first step only, the update's tokens as the micro-batches' attention masks count them, MFU from a peak."""
+    from stapo import metrics as M, step_cost
+    from stapo.models import resolve_model
+    from transformers import AutoModelForCausalLM
+
+    seen = []  # (Σ L, Σ L²) of every micro-batch the loss saw, in order
+    add = M.StepAccumulator.add
+
+    def spy(self, metrics, completion_mask, loss, attention_mask=None):
+        lengths = attention_mask.sum(-1).double()
+        seen.append((float(lengths.sum()), float((lengths**2).sum())))
+        return add(self, metrics, completion_mask, loss, attention_mask)
+
+    monkeypatch.setattr(M.StepAccumulator, "add", spy)
+    monkeypatch.setenv("STAPO_PEAK_TFLOPS", "0.5")  # CPU has no known peak; a stated one gives an MFU
+    plan = study.resolve_plan(tiny_recipe(prompts_per_generation=4), "tiny-qwen3", "stapo")
+    T.train(plan, tmp_path)
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and len(seen) == 8  # 2 micro-batches per step
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(plan.model_spec))
+    shape = step_cost.model_flop_params(model)
+    tied = model.get_input_embeddings().weight is model.get_output_embeddings().weight
+    assert shape["params"] == sum(p.numel() for p in model.parameters()) - (0 if tied else model.model.embed_tokens
+                                                                            .weight.numel())
+    for i, row in enumerate(rows):
+        assert set(step_cost.COST_FIELDS) <= set(row)
+        generated = i % 2 == 0  # TRL generates the rollout batch on the first of its 2 optimiser steps
+        assert (row["gen_seconds"] > 0, row["forward_seconds"] > 0) == (generated, generated), row
+        assert row["update_seconds"] == pytest.approx(row["step_seconds"] - row["gen_seconds"]
+                                                      - row["forward_seconds"]) and row["update_seconds"] > 0
+        tokens, tokens_sq = (sum(v) for v in zip(*seen[2 * i: 2 * i + 2]))
+        assert row["step_tokens"] == tokens
+        assert row["tokens_per_s_per_gpu"] == pytest.approx(tokens / row["step_seconds"])
+        flops = 6 * shape["params"] * tokens + 12 * tokens_sq * shape["head_dim"] * shape["heads"] * shape["layers"]
+        assert row["mfu"] == pytest.approx(flops / (row["update_seconds"] * 0.5e12), rel=1e-9)
+        assert (row["device"], row["peak_tflops"], row["peak_memory_gib"]) == ("cpu", 0.5, None)
+
+
+def test_no_mfu_without_a_known_peak(monkeypatch):
+    from stapo import step_cost
+
+    monkeypatch.delenv("STAPO_PEAK_TFLOPS", raising=False)
+    device, peak = step_cost.device_peak()
+    assert (device, peak) == ("cpu", None)
+    row = step_cost.cost_fields({"gen_seconds": 1.0, "forward_seconds": 0.5, "step_tokens": 300.0,
+                                 "step_flops": 1e12}, 4.0, 2, device, peak, None)
+    assert row["mfu"] is None and row["update_seconds"] == 2.5 and row["tokens_per_s_per_gpu"] == 37.5
+    names = {"NVIDIA H200": 989.0, "NVIDIA H20": 148.0, "NVIDIA H100 PCIe": 756.0, "NVIDIA H100 80GB HBM3": 989.0,
+             "NVIDIA A100-SXM4-80GB": 312.0, "NVIDIA GeForce GTX 1080": None}
+    for name, want in names.items():
+        assert next((p for pat, p in step_cost.PEAK_TFLOPS if re.search(pat, name)), None) == want
 
 
 @pytest.mark.slow

@@ -61,7 +61,7 @@ def test_paper_dry_run_job_counts(tmp_path):
     res = snakemake("-n", "--quiet", "rules", "--configfile", PAPER, "--", "results/table.md", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     # 3 models x 4 methods; (12 trained + 3 base) x 6 benchmarks x 2 settings evaluations (+ curve); one report
-    assert job_counts(res.stdout) == {"train": 12, "evaluate": 12 * 6 * 2 + 3 * 6 * 2 + curve, "report": 1}
+    assert job_counts(res.stdout) == {"train_nodes": 12, "evaluate": 12 * 6 * 2 + 3 * 6 * 2 + curve, "report": 1}
     summaries = [f for f in planned_outputs(tmp_path, "--configfile", PAPER) if f.endswith(".summary.json")]
     assert len([f for f in summaries if f.split("/")[3] == "final"]) == 144
     assert len([f for f in summaries if f.split("/")[2:4] == ["base", "base"]]) == 36
@@ -79,7 +79,7 @@ def test_ablations_overlay_adds_methods_on_one_model(tmp_path):
                     cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     curve = methods * len(range(every, max_steps, every))
-    assert job_counts(res.stdout) == {"train": methods, "evaluate": (methods + 1) * 12 + curve, "report": 1}
+    assert job_counts(res.stdout) == {"train_nodes": methods, "evaluate": (methods + 1) * 12 + curve, "report": 1}
 
 
 def test_eval_every_sets_the_aime24_curve_jobs(tmp_path):
@@ -132,16 +132,25 @@ def test_workflow_models_selects_a_subset(tmp_path):
     extra = tmp_path / "one.yaml"
     extra.write_text("workflow: {models: [qwen3-8b-base], eval_every: null}\n")
     res = snakemake("-n", "--quiet", "rules", "--configfile", PAPER, extra, "--", "results/table.md", cwd=tmp_path)
-    assert job_counts(res.stdout) == {"train": 4, "evaluate": 5 * 6 * 2, "report": 1}
+    # the paper's 8B trains on 8 nodes (configs/paper.yaml): rule train_nodes
+    assert job_counts(res.stdout) == {"train_nodes": 4, "evaluate": 5 * 6 * 2, "report": 1}
 
 
 def test_train_jobs_launch_accelerate_on_multi_gpu(tmp_path):
-    res = snakemake("-n", "-p", "--configfile", PAPER, "--", "runs/qwen3-8b-base/stapo/final", cwd=tmp_path)
+    one_node = tmp_path / "one_node.yaml"
+    one_node.write_text("models: {qwen3-8b-base: {nodes: 1}}\n")
+    res = snakemake("-n", "-p", "--configfile", PAPER, one_node, "--", "runs/qwen3-8b-base/stapo/final", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     # the study's relative path, found beside the Snakefile when the working directory (-d) does not hold it
-    assert f"accelerate launch --config_file {REPO}/configs/accelerate/" in res.stdout
+    assert f"accelerate launch --config_file {REPO}/configs/accelerate/fsdp.yaml --num_processes 8 -m" in res.stdout
     assert re.search(r"-m stapo\.cli train --recipe results/recipes/[0-9a-f]{16}\.yaml --model qwen3-8b-base "
                      r"--method stapo", res.stdout)
+    assert "srun" not in res.stdout
+    # the paper's 8 nodes x 8 GPUs: one accelerate launch per node under srun (stapo.launch)
+    res = snakemake("-n", "-p", "--configfile", PAPER, "--", "runs/qwen3-8b-base/stapo/final", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "srun --nodes=8 --ntasks-per-node=1 --gpus-per-node=8" in res.stdout
+    assert "--num_machines 8 --num_processes 64 --machine_rank \"$SLURM_NODEID\"" in res.stdout
 
 
 @pytest.mark.parametrize("patch, message", [
@@ -293,7 +302,7 @@ def test_workdir_without_configfile_runs_the_paper_study(tmp_path):
     elsewhere.mkdir()
     res = snakemake("-n", "--quiet", "rules", cwd=elsewhere)  # -d elsewhere, cwd elsewhere: no configs/ there
     assert res.returncode == 0, res.stderr[-2000:]
-    assert job_counts(res.stdout)["train"] == 12
+    assert job_counts(res.stdout)["train_nodes"] == 12  # 8 nodes x 8 GPUs each
 
 
 STUB = """#!/bin/sh
@@ -325,8 +334,10 @@ def test_slurm_profile_submits_gpu_jobs(tmp_path):
     calls = [line for line in log.read_text().splitlines() if line.split()[0].endswith("sbatch")]
     train = next(c for c in calls if "rule_train" in c)
     evaluate = next(c for c in calls if "rule_evaluate" in c)
-    # CPUs from the model entries: workflow.threads (8) per GPU process
-    assert "--gpus=8" in train and "--cpus-per-task=64" in train and "--mem 256000" in train
+    # the paper's topology: 8 nodes, 64 GPUs, one task (srun: one accelerate launch) per node; CPUs from the model
+    # entries: workflow.threads (8) per GPU process of a node
+    assert "rule_train_nodes" in train and "--nodes=8" in train and "--gpus=64" in train and "--ntasks=8" in train
+    assert "--ntasks-per-gpu" not in train and "--cpus-per-task=64" in train and "--mem 256000" in train
     assert "--gpus=1" in evaluate and "--cpus-per-task=8" in evaluate
     for call in (train, evaluate):
         assert "-A myacct" in call and "-p gpu" in call and " -t " in call

@@ -63,9 +63,12 @@ class ModelEntry:
 
     Attributes:
         spec: hub id, local directory or ``bundled:<name>[?options]`` (stapo.models.resolve_model).
-        gpus: GPUs (processes) of one training job; 0 = CPU; > 1 launches through ``accelerate``.
+        gpus: GPUs (processes) per node of one training job; 0 = CPU; > 1 launches through ``accelerate``.
+        nodes: nodes of one training job (the paper: 8 nodes of 8 GPUs). > 1 needs gpus >= 1 and the SLURM profile:
+            one ``accelerate launch --num_machines nodes`` per node, started by ``srun`` (workflow/rules/common.smk);
+            the local profile refuses it.
         accelerate_config: accelerate config file (FSDP2, configs/accelerate/fsdp*.yaml; or DeepSpeed), required when
-            gpus > 1.
+            a job has more than one process.
         eval_gpus: GPUs of one evaluation job (None: 1 if gpus > 0 else 0).
         train_cpus, eval_cpus: CPUs of one training / evaluation job (None: ``workflow.threads`` per process,
             one process per GPU: threads × max(1, GPUs)).
@@ -76,6 +79,7 @@ class ModelEntry:
 
     spec: str
     gpus: int = 0
+    nodes: int = 1
     accelerate_config: str | None = None
     eval_gpus: int | None = None
     train_cpus: int | None = None
@@ -85,6 +89,11 @@ class ModelEntry:
     eval_mem_mb: int | None = None
     eval_runtime: int | None = None
     train: dict = field(default_factory=dict)
+
+    @property
+    def processes(self) -> int:
+        """Processes of one training job, all nodes: its data-parallel world size."""
+        return max(1, self.gpus) * self.nodes
 
     @property
     def eval_devices(self) -> int:
@@ -378,8 +387,11 @@ def _check_spec(key: str, spec: str) -> None:
 
 def _model(key: str, entry: dict) -> ModelEntry:
     model = ModelEntry(**{k: v for k, v in entry.items() if v is not None or k == "accelerate_config"})
-    if model.gpus > 1 and not model.accelerate_config:
-        raise ValueError(f"models.{key}.accelerate_config: required when gpus = {model.gpus} > 1")
+    if model.nodes > 1 and model.gpus < 1:
+        raise ValueError(f"models.{key}.nodes: {model.nodes} nodes need gpus >= 1 per node (gpus = {model.gpus})")
+    if model.processes > 1 and not model.accelerate_config:
+        raise ValueError(f"models.{key}.accelerate_config: required when gpus = {model.gpus} > 1"
+                         + (f" or nodes = {model.nodes} > 1" if model.nodes > 1 else ""))
     return model
 
 
@@ -421,7 +433,7 @@ def parse(config: dict, *, source: str = "config", required: tuple[str, ...] | N
         for model in study.run_models:  # a run's settings depend on its model only (methods are checked above)
             _checked(source, lambda: _check_spec(model, study.models[model].spec))
             settings = study.train_settings(model)
-            _checked(source, lambda: accumulation(settings, max(1, study.models[model].gpus)))
+            _checked(source, lambda: accumulation(settings, study.models[model].processes))
             _checked(source, lambda: _check_evaluated_checkpoints(study, model))
     if "eval" in config:
         _checked(source, lambda: _check_data_dir(study))

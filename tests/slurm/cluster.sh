@@ -6,7 +6,9 @@
 # environment), starts munged, slurmctld and slurmd in the foreground of this script (no systemd), runs
 # `pytest -m slurm`, and on exit (pass, fail or interrupt) stops exactly the daemons it started, by PID, and removes
 # the files it wrote. The node is declared as an 8-GPU node (fake GPUs, SlurmdParameters=config_overrides): the tiny
-# study's CPU jobs run on it, and the paper study's requests are tested against it with `sbatch --test-only`.
+# study's CPU jobs run on it. Eight more slurmd on the same host (slurmd -N paper<i>, ports 6901-6908) make the
+# partition paper8 of 8 such nodes, the paper's topology: its study's requests (8-node training jobs included) are
+# tested against it with `sbatch --test-only`, and a 2-node job runs the multi-node launch line on two of them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -69,11 +71,11 @@ SlurmctldHost=$NODE
 SlurmUser=root
 AuthType=auth/munge
 StateSaveLocation=$WORK/state
-SlurmdSpoolDir=$WORK/spool
+SlurmdSpoolDir=$WORK/spool/%n
 SlurmctldPidFile=$WORK/slurmctld.pid
-SlurmdPidFile=$WORK/slurmd.pid
+SlurmdPidFile=$WORK/slurmd-%n.pid
 SlurmctldLogFile=$WORK/log/slurmctld.log
-SlurmdLogFile=$WORK/log/slurmd.log
+SlurmdLogFile=$WORK/log/slurmd-%n.log
 SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
 MpiDefault=none
@@ -90,6 +92,10 @@ MinJobAge=300
 # An 8-GPU node as clusters have them (the machine itself has no GPU: config_overrides keeps these figures)
 NodeName=$NODE CPUs=64 Boards=1 SocketsPerBoard=2 CoresPerSocket=32 ThreadsPerCore=1 RealMemory=1000000 Gres=gpu:8 State=UNKNOWN
 PartitionName=gpu Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+# The paper's topology, 8 nodes of 8 GPUs, in their own partition: 8 more slurmd on this host (slurmd -N, each
+# on its own port), so that sbatch --test-only sees 8 live nodes and a job step can span two of them.
+NodeName=paper[1-8] NodeHostname=$NODE NodeAddr=127.0.0.1 Port=[6901-6908] CPUs=64 Boards=1 SocketsPerBoard=2 CoresPerSocket=32 ThreadsPerCore=1 RealMemory=1000000 Gres=gpu:8 State=UNKNOWN
+PartitionName=paper8 Nodes=paper[1-8] MaxTime=INFINITE State=UP
 CONF
 # Fake GPUs: 8 character devices with /dev/null's numbers (gres/gpu wants device files; nothing opens them).
 mkdir -p "$WORK/dev"
@@ -97,12 +103,14 @@ for i in $(seq 0 7); do mknod "$WORK/dev/gpu$i" c 1 3; done
 cat > /etc/slurm/gres.conf <<CONF
 $MARK
 NodeName=$NODE Name=gpu File=$WORK/dev/gpu[0-7]
+NodeName=paper[1-8] Name=gpu File=$WORK/dev/gpu[0-7]
 CONF
 
 setpriv --reuid=munge --regid=munge --init-groups /usr/sbin/munged --foreground > "$WORK/log/munged.out" 2>&1 & PIDS+=($!)
 for _ in $(seq 50); do munge -n </dev/null >/dev/null 2>&1 && break; sleep 0.2; done
 /usr/sbin/slurmctld -D > "$WORK/log/slurmctld.out" 2>&1 & PIDS+=($!)
 /usr/sbin/slurmd -D > "$WORK/log/slurmd.out" 2>&1 & PIDS+=($!)
+for i in $(seq 1 8); do /usr/sbin/slurmd -D -N "paper$i" > "$WORK/log/slurmd-paper$i.out" 2>&1 & PIDS+=($!); done
 echo "test-slurm: started munged, slurmctld, slurmd (pids ${PIDS[*]}); logs in $WORK/log"
 for _ in $(seq 60); do
   state=$(sinfo -h -n "$NODE" -o %t 2>/dev/null || true)
@@ -117,7 +125,7 @@ fi
 sinfo
 
 # The tests (or, for development, any command: tests/slurm/cluster.sh sleep 3600 keeps the cluster up).
-export STAPO_TEST_SLURM_PARTITION=gpu STAPO_TEST_SLURM_NODE=$NODE
+export STAPO_TEST_SLURM_PARTITION=gpu STAPO_TEST_SLURM_NODE=$NODE STAPO_TEST_SLURM_PAPER_PARTITION=paper8
 if [ $# -gt 0 ]; then
   "$@"
 else

@@ -12,6 +12,7 @@ import yaml
 from stapo.atomic import atomic_write
 from stapo.names import BASE
 from stapo import driver as stapo_driver
+from stapo import launch as stapo_launch
 from stapo import study as stapo_study  # not `parse` itself: the Snakefile namespace has its own
 
 # The config files that make the study: with --configfile, the first is the study and later ones overlay it
@@ -52,6 +53,7 @@ METHODS = list(STUDY.methods)
 # A run is one (method, seed): its name is the method key with one seed, `<method>/seed<k>` with several
 # (workflow.seeds); runs/<model>/<run>/ and scores/<model>/<run>/ keep the one-run layout for one seed.
 RUNS = {run: (method, seed) for method in METHODS for run, seed in STUDY.runs(method).items()}
+MULTI_NODE = [m for m in MODELS if STUDY.models[m].nodes > 1]  # trained by rule train_nodes (train.smk)
 SETTINGS = list(STUDY.eval.settings)
 
 
@@ -181,8 +183,20 @@ def eval_cpus(wildcards):
     return STUDY.models[wildcards.model].cpus("eval", WF.threads)
 
 
+def alternatives(names):
+    """A wildcard constraint matching exactly ``names`` (none: a pattern that matches nothing)."""
+    names = list(names)
+    return "|".join(map(re.escape, names)) if names else "(?!)"
+
+
 def train_gpus(wildcards):
-    return STUDY.models[wildcards.model].gpus
+    """GPUs of the whole training job, all nodes (the SLURM plugin's --gpus; the local profile's `gpu` budget)."""
+    entry = STUDY.models[wildcards.model]
+    return entry.gpus * entry.nodes
+
+
+def train_nodes(wildcards):
+    return STUDY.models[wildcards.model].nodes
 
 
 def eval_gpus(wildcards):
@@ -190,12 +204,15 @@ def eval_gpus(wildcards):
 
 
 def train_launcher(wildcards):
-    """`stapo` on one device; `accelerate launch` (its accelerate config: FSDP2 or DeepSpeed) on several GPUs."""
+    """`stapo` on one device; `accelerate launch` (its accelerate config: FSDP2 or DeepSpeed) on several GPUs; on
+    several nodes srun + one `accelerate launch --num_machines N` per node (stapo.launch), under SLURM only."""
     entry = STUDY.models[wildcards.model]
-    if entry.gpus <= 1:
-        return "stapo"
-    config_file = shlex.quote(repo_path(entry.accelerate_config))
-    return f"accelerate launch --config_file {config_file} --num_processes {entry.gpus} -m stapo.cli"
+    executor = getattr(workflow.executor_plugin, "name", None)
+    if entry.nodes > 1 and executor == "local":
+        config_error(f"models.{wildcards.model}.nodes = {entry.nodes}: a multi-node training job runs under the "
+                     "SLURM profile (--profile workflow/profiles/slurm); the local profile runs one node (nodes: 1)")
+    config = repo_path(entry.accelerate_config) if entry.accelerate_config else None
+    return stapo_launch.train_launcher(entry.gpus, entry.nodes, config)
 
 
 def prune_checkpoints(wildcards):

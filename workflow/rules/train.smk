@@ -19,7 +19,7 @@ rule train:
         run_dir=lambda wildcards, output: str(Path(output.final).parent),
         prune=prune_checkpoints,
     wildcard_constraints:
-        model="|".join(map(re.escape, MODELS)),
+        model=alternatives(m for m in MODELS if m not in MULTI_NODE),
         run="|".join(map(re.escape, RUNS)),
     threads: train_cpus
     resources:
@@ -31,3 +31,20 @@ rule train:
     shell:
         "{params.launcher} train --recipe {input.recipe:q} --model {wildcards.model:q}"
         " --method {params.method:q}{params.seed} --out {params.run_dir:q} > {log:q} 2>&1{params.prune}"
+
+
+# A model of several nodes (models.<key>.nodes > 1, SLURM only): the same job as one srun step per node
+# (stapo.launch). `mpi` makes the SLURM job step run the shell line itself instead of wrapping it in `srun -n1`;
+# the plugin then asks for --nodes N --ntasks N (one task per node) and the job's --gpus N x gpus.
+use rule train as train_nodes with:
+    wildcard_constraints:
+        model=alternatives(MULTI_NODE),
+        run="|".join(map(re.escape, RUNS)),
+    resources:
+        gpu=train_gpus,
+        nodes=train_nodes,
+        tasks=train_nodes,
+        tasks_per_gpu=0,  # not --ntasks-per-gpu (the plugin's default for a GPU job's `tasks`)
+        mpi="srun",
+        mem_mb=lambda wildcards: model_opt(wildcards.model, "train_mem_mb"),
+        runtime=lambda wildcards: model_opt(wildcards.model, "train_runtime"),
