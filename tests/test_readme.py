@@ -38,6 +38,8 @@ CHEAP = {
                                    "dry run: the test's own venv keeps its install"),
     "python benchmarks/gpu_check.py": ("python benchmarks/gpu_check.py", "as written; on a CPU it must stop at "
                                        "once with one line (rc 2) naming --dry-run"),
+    "python benchmarks/gpu_check.py --rollouts hf --no-eval": (
+        "python benchmarks/gpu_check.py --rollouts hf --no-eval", "as written; on a CPU it stops as the line above"),
     "stapo plan --throughputs gpu_check/throughputs.yaml": (
         "stapo plan --throughputs gpu_check/throughputs.yaml", "as written, on a throughputs file of gpu_check's form"),
     "snakemake -n --quiet rules -- results/table.md": ("snakemake -n --quiet rules -- results/table.md", "as written"),
