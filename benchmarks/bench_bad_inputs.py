@@ -19,7 +19,7 @@ names neither file nor line; ``stapo plan --configfile FILE`` (or ``stapo train 
 
 Figures (2026-12-05, the 2-core VM, load ~1 with a vLLM venv installing beside it), default command, 82 cases
 (23 of them the over-bound inputs of issue 33: huge numbers, deep or wide YAML, aliases, long keys, 1 MiB+ files):
-    82/82 one line naming the culprit, rc != 0, no traceback, nothing written; every stapo and vllm_settings case
+    82/82 one line naming the culprit, rc != 0, no traceback (the over-bound ones write nothing); every stapo case
     0.08-0.43 s at <= 67 MB peak RSS; the eight snakemake -n cases 1.19-2.14 s at <= 175 MB; total 26.6 s.
 Earlier figures (2026-12-03, shared with two other sessions), 60 cases:
     load ~2.5: 59/59 (before the no-weights case was added) one line, rc != 0, no traceback; every stapo and
