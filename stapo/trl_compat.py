@@ -19,8 +19,10 @@ raise a RuntimeError naming the TRL version and every changed name.
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 
-__all__ = ["TESTED_TRL", "check_trl", "check_instance", "log_metric", "step_micro_batches", "stop_at",
+__all__ = ["TESTED_TRL", "check_trl", "check_instance", "log_metric", "step_micro_batches", "stop_at", "unshuffled",
+           "fused_forward",
            "mark_scheduler_created", "gathered_lm_head", "log_sum_sq_probs"]
 
 TESTED_TRL = "1.16"
@@ -40,6 +42,8 @@ CALL_SITES = (
     ("compute_loss", "self._compute_loss(model, inputs)"),
     ("_prepare_inputs", "self._generate_and_score_completions(generation_batch)"),
     ("_prepare_inputs", "self._buffered_inputs[self._step % self.args.steps_per_generation]"),
+    ("_prepare_inputs", "shuffle_sequence_dict(generation_batch)"),  # unshuffled() replaces it
+    ("_get_per_token_logps_and_entropies", "model(**model_inputs, labels=labels, fused_lm_head=True)"),
     ("training_step", "self._step += 1"),
     ("_get_per_token_logps_and_entropies", "return logps, entropies, aux_loss"),
 )
@@ -142,6 +146,27 @@ def stop_at(trainer, token_ids: list[int]) -> None:
     if not trainer.use_vllm:
         trainer.generation_kwargs["eos_token_id"] = trainer.eos_token_ids
         trainer.generation_config.eos_token_id = trainer.eos_token_ids
+
+
+@contextmanager
+def unshuffled():
+    """Within it, TRL's ``_prepare_inputs`` splits the rollout batch in the order it was generated (its module's
+    ``shuffle_sequence_dict`` is the identity): whole prompt groups per optimiser step, as verl."""
+    import trl.trainer.grpo_trainer as grpo
+
+    shuffle = grpo.shuffle_sequence_dict
+    grpo.shuffle_sequence_dict = lambda batch: batch
+    try:
+        yield
+    finally:
+        grpo.shuffle_sequence_dict = shuffle
+
+
+def fused_forward(model, input_ids, position_ids, labels):
+    """TRL's patched forward with its fused LM head (``add_fused_lm_head``: ``log_probs`` and ``entropy`` [B, L - 1]
+    of token t + 1 at position t, where ``labels`` is not -100) on a packed row: no attention mask, position ids
+    restarting at every sequence (transformers masks attention to each sequence)."""
+    return model(input_ids=input_ids, position_ids=position_ids, labels=labels, fused_lm_head=True)
 
 
 def mark_scheduler_created(trainer) -> None:
