@@ -427,7 +427,7 @@ def grpo_config(plan: Plan, out: Path, num_processes: int = 1, *, deepspeed: boo
         use_bias_correction_kl=False,  # plain k3, as policy_loss computes it
         epsilon=obj.eps_low, epsilon_high=obj.eps_high, mask_truncated_completions=False,
         **trl_vllm_kwargs(s),  # device-aware engine settings + recipe overrides; fails fast without vLLM
-        vllm_importance_sampling_correction=False,  # policy_loss has no TIS term (the paper's verl runs had none)
+        vllm_importance_sampling_correction=False,  # policy_loss has no TIS term (JustRL's verl 0.4 has none)
         bf16=s.bf16, **{_CHECKPOINTING_FIELD: s.gradient_checkpointing},
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
         model_init_kwargs={"dtype": torch.bfloat16 if load_bf16 else torch.float32},

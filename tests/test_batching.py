@@ -305,4 +305,4 @@ def test_token_budget_keeps_the_step_gradient(tmp_path, method):
     padded, packed = run(40, False), run(40, True)
     rel_padded, rel_packed = _rel(padded, whole), _rel(packed, whole)
     print(f"{method}: budget 40 padded {rel_padded:.2e}, packed {rel_packed:.2e} vs one micro-batch")
-    assert rel_padded < 1e-5 and rel_packed < 1e-5
+    assert rel_padded < 1e-6 and rel_packed < 1e-6  # measured 3.2-3.6e-7 (fp32 summation order)
