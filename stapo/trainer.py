@@ -264,7 +264,8 @@ class StapoGRPOTrainer(GRPOTrainer):
     def _forward(self, model, inputs):
         """π_θ's per-token log-probs and entropies [B, T] of a micro-batch (TRL's forward, or packed)."""
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        if self.settings.padding_free and self.settings.micro_batch_tokens is not None:
+        observed = self._diagnostics is not None and self._diagnostics.active  # it reads the padded layout
+        if self.settings.padding_free and self.settings.micro_batch_tokens is not None and not observed:
             ids, positions, labels, spans = batching.pack(inputs["prompt_ids"], inputs["prompt_mask"], completion_ids,
                                                           completion_mask)
             with self.accelerator.autocast():

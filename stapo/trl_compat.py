@@ -43,7 +43,6 @@ CALL_SITES = (
     ("_prepare_inputs", "self._generate_and_score_completions(generation_batch)"),
     ("_prepare_inputs", "self._buffered_inputs[self._step % self.args.steps_per_generation]"),
     ("_prepare_inputs", "shuffle_sequence_dict(generation_batch)"),  # unshuffled() replaces it
-    ("_get_per_token_logps_and_entropies", "model(**model_inputs, labels=labels, fused_lm_head=True)"),
     ("training_step", "self._step += 1"),
     ("_get_per_token_logps_and_entropies", "return logps, entropies, aux_loss"),
 )
@@ -53,6 +52,7 @@ ATTRIBUTES = ("_metrics", "_buffered_inputs", "_step", "_created_lr_scheduler", 
 HF_GENERATION_ATTRIBUTES = ("generation_kwargs", "generation_config")  # without vLLM
 KERNEL_PARAMETERS = ("ctx", "hidden", "weight", "bias", "targets", "temperature", "chunk_size",
                      "final_logit_softcapping", "logit_scale", "outputs")
+FUSED_HEAD = "def _fused_forward(\n        self, *args, fused_lm_head=False, labels=None"  # position_ids pass in kwargs
 KERNEL_RETURN = "return logprobs, entropy, log_sum_sq_probs"  # log Σπ² is output 2 (stapo.diagnostics)
 
 
@@ -109,8 +109,11 @@ def check_trl() -> None:
     import trl.kernels
     import trl.trainer.utils
 
-    _fail(_problems(trl.GRPOTrainer, getattr(trl.kernels, "ChunkedLogProbFunction", None),
-                    getattr(trl.trainer.utils, "maybe_gather_lm_head_ctx", None)))
+    problems = _problems(trl.GRPOTrainer, getattr(trl.kernels, "ChunkedLogProbFunction", None),
+                         getattr(trl.trainer.utils, "maybe_gather_lm_head_ctx", None))
+    if FUSED_HEAD not in _source(getattr(trl.trainer.utils, "add_fused_lm_head", None)):  # fused_forward's packed call
+        problems.append(f"trl.trainer.utils.add_fused_lm_head no longer defines `{FUSED_HEAD}`")
+    _fail(problems)
 
 
 def check_instance(trainer) -> None:
