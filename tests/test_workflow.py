@@ -246,6 +246,9 @@ def test_a_dry_run_with_another_config_cannot_change_a_planned_job(tmp_path):
     resources = tmp_path / "mem.yaml"  # resources are not the job's config: same recipe, no rerun
     resources.write_text("workflow: {train_mem_mb: 9999}\n")
     assert _planned_recipe(tmp_path, "--configfile", TINY, resources) == recipe
+    own = tmp_path / "own.yaml"  # the method's own recipe (methods.<key>.train) is part of its job's config
+    own.write_text("methods: {stapo: {train: {num_generations: 8}}}\n")
+    assert _planned_recipe(tmp_path, "--configfile", TINY, own) not in (recipe, other)
 
 
 def test_configfile_is_the_study_not_an_overlay_of_the_paper(tmp_path):
