@@ -37,7 +37,8 @@ the last backward, so gradients cannot be rescaled) the per-micro-batch normalis
 global kept fraction — exact for justrl, approximate (error ~ the silenced fraction, < 1e-4 in the paper) for
 stapo/entropy20; a warning says so. The run's config.yaml records the engine and normaliser (trl.engine,
 trl.normaliser).
-GRPO (sequence-mean) is divided by gradient_accumulation_steps, as TRL does for its "grpo" loss.
+GRPO (sequence-mean) is weighted by n / N, i.e. divided by gradient_accumulation_steps as TRL does for its "grpo"
+loss when micro-batches are of fixed size.
 ``loss_agg_mode: token-mean-per-micro-batch`` (verl 0.4.0, JustRL's own trainer) has no step normaliser: each
 micro-batch is back-propagated as its own kept-token mean × (its sequences / the rank's sequences in the step),
 which with TRL's fixed per_device_train_batch_size is ÷ gradient_accumulation_steps (TRL's "bnpo"); DDP averages
@@ -111,12 +112,12 @@ class Normaliser(str, Enum):
 
     EXACT_RESCALE = "exact_rescale"  # token-mean: S_j / c, gradients × c·W / K after the step's last backward
     DEEPSPEED_KEPT_FRACTION = "deepspeed_kept_fraction"  # token-mean under DeepSpeed: S_j / (c · kept fraction)
-    GRPO_SEQ_MEAN = "grpo_seq_mean"  # sequence-mean: ÷ gradient_accumulation_steps, as TRL's "grpo" loss
-    MICRO_BATCH_TOKEN_MEAN = "micro_batch_token_mean"  # verl 0.4 per-micro-batch token-mean: ÷ grad. accum. steps
+    GRPO_SEQ_MEAN = "grpo_seq_mean"  # sequence-mean × n / N (÷ grad. accum. steps, TRL's "grpo", when n is fixed)
+    MICRO_BATCH_TOKEN_MEAN = "micro_batch_token_mean"  # verl 0.4 per-micro-batch token-mean × n / N (verl's weight)
 
     @property
     def per_micro_batch(self) -> bool:
-        """Each micro-batch's loss is complete on its own and divided by gradient_accumulation_steps."""
+        """Each micro-batch's loss is complete on its own and weighted by its share n / N of the process's step."""
         return self in (Normaliser.GRPO_SEQ_MEAN, Normaliser.MICRO_BATCH_TOKEN_MEAN)
 
     @classmethod
