@@ -16,8 +16,17 @@ tokens, gradient ≤ 1e-6 relative.
 
     python benchmarks/bench_micro_batches.py [--completions 64] [--cap 512] [--budget 1024] [--repeats 3]
 
-Measured 2026-12-05, CPU, 1 thread, 2 cores shared with other jobs (bundled:tiny-qwen3, --completions 64 --cap 512
---budget 1024 --repeats 3): see the report of issue 30 (the rows are printed as below).
+Measured 2026-12-05, CPU, 1 thread of 2 cores (load ~1: nothing else running), bundled:tiny-qwen3, --completions 32
+--cap 256 --budget 512 --repeats 2 (32 completions, 3,262 tokens, longest 277, median 88 -> 7 micro-batches):
+    variant            median s/step speed-up  padded grad rel diff
+    micro-batch 1             48.063     1.00   68.1%      4.11e-07
+    micro-batch 4             58.918     0.82   68.1%      4.33e-07
+    budget (padded)           37.739     1.27   51.0%      4.20e-07
+    budget (packed)           18.709     2.57    0.0%      2.52e-07
+The packed budget meets the targets (2.57x, 0 % padding, 2.5e-7); padded within its micro-batch it does not (51 %
+padding: Karmarkar–Karp balances token sums, so a micro-batch mixes long and short rows). TRL's fixed micro-batches
+keep the rollout batch's padding (every row as wide as the step's longest), hence 68 % for micro-batch 1. No GPU was
+lent to this session, so there is no GPU row.
 """
 
 from __future__ import annotations
