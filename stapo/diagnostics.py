@@ -184,6 +184,11 @@ class TokenDiagnostics:
 
         model.base_model.register_forward_hook(keep)
 
+    @property
+    def active(self) -> bool:
+        """Whether this optimiser step is observed (its forwards must be padded: the hidden states are [B, T, H])."""
+        return self._active
+
     def begin_step(self, next_step: int) -> None:
         """Called before the micro-batches of optimiser step ``next_step`` (1-based)."""
         self._active = self.every > 0 and next_step % self.every == 0

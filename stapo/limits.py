@@ -59,6 +59,8 @@ BOUNDS: dict[str, Bound] = {
     "max_prompt_length": Bound(_TOKENS.maximum, _TOKENS.why, minimum=1),
     "max_completion_length": Bound(_TOKENS.maximum, _TOKENS.why, minimum=1),
     "max_new_tokens": Bound(_TOKENS.maximum, _TOKENS.why, minimum=1),
+    "micro_batch_tokens": Bound(16 * _TOKENS.maximum, "tokens of one micro-batch per process; JustRL's verl script "
+                                "packs 32,768", minimum=1),
     "samples": Bound(1_024, "samples per problem; the paper's largest is avg@32", minimum=1),
     "limit": Bound(_PROBLEMS.maximum, _PROBLEMS.why, minimum=1),
     "n": Bound(_PROBLEMS.maximum, "generated arith problems", minimum=1),

@@ -8,7 +8,7 @@ Shapes (B completions, T completion positions, right-padded):
     logps, old_logps, ref_logps, entropies, completion_mask   [B, T]
     advantages                                                [B]   one sequence-level advantage
 
-Per-token surrogate (all methods; paper Eq. 1-2, as verl 0.9.1 ``compute_policy_loss_vanilla`` computes it),
+Per-token surrogate (all methods; paper Eq. 1-2, as verl's ``compute_policy_loss_vanilla`` computes it, 0.4 to 0.9.1),
 with ratio ρ = exp(clamp(logps − old_logps, ±20)):
     ℓ_t = −min(ρ_t Â, clip(ρ_t, 1 − ε_low, 1 + ε_high) Â)          for Â ≥ 0
     ℓ_t = min(−min(ρ_t Â, clip(ρ_t, …) Â), c·|Â|)                    for Â < 0 (dual clip, c = clip_ratio_c)
@@ -28,7 +28,8 @@ both the numerator and the denominator.
 Aggregation (``loss_agg_mode``, verl's names; the trainer applies the weights across micro-batches and ranks):
     "token-mean"                  (default, JustRL family) Σ kept ℓ / K, K the kept tokens of the whole optimiser
                                   step on every rank: one denominator (verl's engine-worker ``agg_loss`` with the
-                                  global ``batch_num_tokens``; the paper's verl 0.9.1). ``policy_loss`` gets K as
+                                  global ``batch_num_tokens``, verl 0.9.1: a choice, the paper
+                                  names no verl version). ``policy_loss`` gets K as
                                   ``token_normalizer``.
     "token-mean-per-micro-batch"  verl 0.4.0 (JustRL's own trainer, ``dp_actor.update_policy``): each micro-batch's
                                   loss is its own token-mean Σ_j kept ℓ / max(1, Σ_j kept), scaled by its share of

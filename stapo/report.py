@@ -408,6 +408,16 @@ def _train_protocol_note(entry: dict, model: str, runs: dict, study: stapo_study
     return note + "."
 
 
+def _method_recipe_note(study: stapo_study.Study) -> str:
+    """The methods trained with their own recipe (``methods.<key>.train``) and what differs from ``train``."""
+    parts = [f"{study.label('methods', m)}: " + ", ".join(f"{k} {v}" for k, v in own.items())
+             for m, own in study.train_overrides().items()]
+    if not parts:
+        return ""
+    return ("Per-method training overrides (methods.<key>.train, over the shared train section): "
+            + "; ".join(parts) + ".")
+
+
 def _footnotes(entry: dict, model: str, study: stapo_study.Study, runs: dict | None = None) -> list[str]:
     benches = entry["benchmarks"]
     notes = [f"Cells: accuracy (%), avg@n over samples, {_settings_note(entry['settings'], study)}; 95 % CIs in "
@@ -431,6 +441,9 @@ def _footnotes(entry: dict, model: str, study: stapo_study.Study, runs: dict | N
     train_note = _train_protocol_note(entry, model, runs or {}, study)
     if train_note:
         notes.append(train_note)
+    overrides = _method_recipe_note(study)
+    if overrides:
+        notes.append(overrides)
     missing = [BENCHMARKS[b].label for b in PAPER_BENCHMARKS if b not in benches]
     if missing or len(benches) != len(PAPER_BENCHMARKS):
         present = ", ".join(study.label("benchmarks", b) for b in benches)

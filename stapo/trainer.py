@@ -7,9 +7,20 @@ configured method, fed with TRL's per-token log-probs and entropies from its one
 TRL's private names the trainer overrides, calls or reads are listed, reached and checked in stapo.trl_compat.
 
 The run's configuration is a :class:`stapo.study.Plan` (the study's model entry, method objective and train
-section; batch semantics and their TRL mapping in stapo/study/train.py). TRL shuffles the rollout batch at
-completion level before splitting it, so an optimiser step holds 512 random completions rather than 64 whole
-groups; advantages are computed over the whole rollout batch first, so the loss is unaffected.
+section; batch semantics and their TRL mapping in stapo/study/train.py). ``train.mini_batch``: ``shuffled`` is
+TRL's completion-level shuffle of the rollout batch before it is split (an optimiser step holds 512 random
+completions); ``groups`` turns it off, so each process's share of a step is whole prompt groups in the order it
+generated them, as verl's ``batch.split(ppo_mini_batch_size)`` (which the population of STAPO's mini-batch
+quantile depends on). Advantages are computed over the whole rollout batch first, either way.
+
+Micro-batches (``train.micro_batch_tokens``): None is TRL's fixed micro-batch of per_device_train_batch_size
+completions. A token budget is verl's ``use_dynamic_bsz``: TRL hands each process its whole optimiser step
+(gradient_accumulation_steps 1) and :meth:`StapoGRPOTrainer._compute_loss` splits it into micro-batches of about
+the budget (stapo.batching: Karmarkar–Karp, the same count on every process), each padded only to its own longest
+prompt and completion or packed padding-free (``train.padding_free``), back-propagating all but the last itself
+(without DDP's gradient sync) and returning the last one's loss to TRL's backward. Every normaliser below sees the
+same micro-batch weights as under fixed micro-batches: a micro-batch of n of the process's N step completions has
+share n / N (÷ gradient_accumulation_steps when n is fixed), verl's ``len(data) / ppo_mini_batch_size``.
 
 Gradient accumulation, token-mean methods (justrl, entropy20, stapo) — exact. The step's loss is
 Σ_j S_j / K, S_j the kept per-token surrogate sum of micro-batch j and K the kept-token count of the whole
@@ -26,11 +37,13 @@ the last backward, so gradients cannot be rescaled) the per-micro-batch normalis
 global kept fraction — exact for justrl, approximate (error ~ the silenced fraction, < 1e-4 in the paper) for
 stapo/entropy20; a warning says so. The run's config.yaml records the engine and normaliser (trl.engine,
 trl.normaliser).
-GRPO (sequence-mean) is divided by gradient_accumulation_steps, as TRL does for its "grpo" loss.
+GRPO (sequence-mean) is weighted by n / N, i.e. divided by gradient_accumulation_steps as TRL does for its "grpo"
+loss when micro-batches are of fixed size.
 ``loss_agg_mode: token-mean-per-micro-batch`` (verl 0.4.0, JustRL's own trainer) has no step normaliser: each
 micro-batch is back-propagated as its own kept-token mean × (its sequences / the rank's sequences in the step),
 which with TRL's fixed per_device_train_batch_size is ÷ gradient_accumulation_steps (TRL's "bnpo"); DDP averages
-the ranks, as verl's FSDP does.
+the ranks, as verl's FSDP does. With a token budget the micro-batches are verl's own (tests/test_batching.py:
+equal to a transcription of verl 0.4.0's dynamic-bsz update on the same inputs).
 
 Step unit (stapo.schedule): the recipe's max_steps, warmup_steps and save_steps count verl training steps =
 rollout batches (the paper's unit); TRL is configured with k = prompts_per_generation / prompts_per_step ×
@@ -73,7 +86,7 @@ from trl import GRPOConfig, GRPOTrainer
 from stapo.data import training_dataset
 from stapo.diagnostics import TokenDiagnostics
 from stapo.errors import UserError
-from stapo import rundir, trl_compat
+from stapo import batching, rundir, trl_compat
 from stapo.metrics import MetricsJsonl, StepAccumulator, accuracy_reward
 from stapo.models import end_of_turn_token_ids, resolve_model
 from stapo.objectives import Thresholds, policy_loss, step_thresholds
@@ -83,6 +96,7 @@ from stapo.step_cost import StepClock, model_flop_params, update_flops
 from stapo.schedule import optimizer_steps_per_rollout, per_rollout_schedule, rollout_step
 from stapo import study
 from stapo.study import ObjectiveConfig, Plan, StudyError, TrainSettings, accumulation
+from stapo.study.train import trl_micro_batch
 from stapo.vllm_settings import trl_vllm_kwargs
 
 __all__ = ["StapoGRPOTrainer", "build_trainer", "train", "latest_complete_checkpoint", "run"]
@@ -98,12 +112,12 @@ class Normaliser(str, Enum):
 
     EXACT_RESCALE = "exact_rescale"  # token-mean: S_j / c, gradients × c·W / K after the step's last backward
     DEEPSPEED_KEPT_FRACTION = "deepspeed_kept_fraction"  # token-mean under DeepSpeed: S_j / (c · kept fraction)
-    GRPO_SEQ_MEAN = "grpo_seq_mean"  # sequence-mean: ÷ gradient_accumulation_steps, as TRL's "grpo" loss
-    MICRO_BATCH_TOKEN_MEAN = "micro_batch_token_mean"  # verl 0.4 per-micro-batch token-mean: ÷ grad. accum. steps
+    GRPO_SEQ_MEAN = "grpo_seq_mean"  # sequence-mean × n / N (÷ grad. accum. steps, TRL's "grpo", when n is fixed)
+    MICRO_BATCH_TOKEN_MEAN = "micro_batch_token_mean"  # verl 0.4 per-micro-batch token-mean × n / N (verl's weight)
 
     @property
     def per_micro_batch(self) -> bool:
-        """Each micro-batch's loss is complete on its own and divided by gradient_accumulation_steps."""
+        """Each micro-batch's loss is complete on its own and weighted by its share n / N of the process's step."""
         return self in (Normaliser.GRPO_SEQ_MEAN, Normaliser.MICRO_BATCH_TOKEN_MEAN)
 
     @classmethod
@@ -138,6 +152,10 @@ class StapoGRPOTrainer(GRPOTrainer):
         self._flop_shape = model_flop_params(self.accelerator.unwrap_model(self.model))  # before FSDP wraps it
         engine = self.accelerator.distributed_type.value
         self._normaliser = Normaliser.choose(objective.loss_agg_mode, deepspeed=engine == "DEEPSPEED")
+        if settings.micro_batch_tokens is not None and engine == "DEEPSPEED":
+            raise UserError("train.micro_batch_tokens: token-budget micro-batches back-propagate inside one TRL "
+                            "step, which DeepSpeed's engine (it steps inside backward) cannot; use FSDP "
+                            "(configs/accelerate/fsdp*.yaml) or micro_batch_tokens: null")
         if self._normaliser is Normaliser.DEEPSPEED_KEPT_FRACTION and objective.uses_thresholds:
             warnings.warn("DeepSpeed: the kept-token normaliser is estimated per micro-batch (see stapo.trainer)")
         if engine == "FSDP":
@@ -168,6 +186,10 @@ class StapoGRPOTrainer(GRPOTrainer):
     # -- entropy thresholds at mini-batch scope --------------------------------------------------------------
 
     def _get_per_token_logps_and_entropies(self, model, *args, compute_entropy=False, **kwargs):
+        if self.settings.micro_batch_tokens is not None and not torch.is_grad_enabled():
+            # TRL chunks its no-grad forwards by per_device_train_batch_size, here a whole step: chunk as configured
+            kwargs["batch_size"] = min(kwargs.get("batch_size") or self.settings.per_device_train_batch_size,
+                                       self.settings.per_device_train_batch_size)
         with self._clock.timing("forward") if self._clock.in_rollout else nullcontext():  # π_old / reference
             if self._capture is None or model is not self.model:
                 return super()._get_per_token_logps_and_entropies(model, *args, compute_entropy=compute_entropy,
@@ -207,7 +229,9 @@ class StapoGRPOTrainer(GRPOTrainer):
         return out
 
     def _prepare_inputs(self, generation_batch):
-        inputs = super()._prepare_inputs(generation_batch)
+        in_order = self.settings.mini_batch == "groups" and self.model.training
+        with trl_compat.unshuffled() if in_order else nullcontext():  # whole groups, in rollout order (verl)
+            inputs = super()._prepare_inputs(generation_batch)
         step = trl_compat.step_micro_batches(self) if self.model.training and self._mini_batch_scope else None
         if step is not None:  # the first micro-batch of a new optimiser step
             cat = lambda key: torch.cat([b[key] for b in step])  # noqa: E731
@@ -219,12 +243,48 @@ class StapoGRPOTrainer(GRPOTrainer):
     # -- loss ------------------------------------------------------------------------------------------------
 
     def _compute_loss(self, model, inputs):
+        """The loss of TRL's micro-batch; with a token budget, TRL's micro-batch is the process's whole optimiser
+        step: all its token-budget micro-batches but the last are back-propagated here, the last one's loss is
+        returned for TRL's backward (module docstring)."""
+        if self.settings.micro_batch_tokens is None or not self.model.training:
+            return self._micro_batch_loss(model, inputs)
+        parts = batching.token_budget_partitions(batching.sequence_lengths(inputs), self.settings.micro_batch_tokens)
+        for j, rows in enumerate(parts):
+            loss = self._micro_batch_loss(model, batching.select_rows(inputs, rows))
+            if j == len(parts) - 1:
+                return loss
+            with self._no_gradient_sync(model):
+                self.accelerator.backward(loss)
+
+    def _no_gradient_sync(self, model):
+        """DDP: no all-reduce until the step's last micro-batch (as TRL's accumulation); FSDP reduce-scatters
+        each backward into the sharded gradients, which sum exactly."""
+        ddp = self.accelerator.distributed_type.value in ("MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU")
+        return self.accelerator.no_sync(model) if ddp else nullcontext()
+
+    def _forward(self, model, inputs):
+        """π_θ's per-token log-probs and entropies [B, T] of a micro-batch (TRL's forward, or packed)."""
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        observed = self._diagnostics is not None and self._diagnostics.active  # it reads the padded layout
+        if self.settings.padding_free and self.settings.micro_batch_tokens is not None and not observed:
+            ids, positions, labels, spans = batching.pack(inputs["prompt_ids"], inputs["prompt_mask"], completion_ids,
+                                                          completion_mask)
+            with self.accelerator.autocast():
+                out = trl_compat.fused_forward(model, ids, positions, labels)
+            shifted = [(start - 1, n) for start, n in spans]  # the head scores token t + 1 at position t
+            width = completion_ids.size(1)
+            return batching.unpack(out.log_probs, shifted, width), batching.unpack(out.entropy, shifted, width)
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
         logps, entropies, _ = self._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True
         )
+        return logps, entropies
+
+    def _micro_batch_loss(self, model, inputs):
+        completion_mask = inputs["completion_mask"]
+        attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
+        logps, entropies = self._forward(model, inputs)
         old_logps = inputs.get("old_per_token_logps")
         training = self.model.training
         if training and self._diagnostics is not None:
@@ -244,11 +304,17 @@ class StapoGRPOTrainer(GRPOTrainer):
         )
         if training and self._normaliser is Normaliser.DEEPSPEED_KEPT_FRACTION:
             loss = loss * self._kept_fraction_correction(metrics, completion_mask)
-        if training and self._normaliser.per_micro_batch:
-            loss = loss / self.current_gradient_accumulation_steps  # TRL's grpo / bnpo loss scaling
+        if training and self._normaliser.per_micro_batch:  # its share n / N of the process's step (verl, TRL)
+            loss = loss * (completion_mask.size(0) / self._step_completions)
         if training:
             self._window.add(metrics, completion_mask, loss.detach(), attention_mask)
         return loss
+
+    @property
+    def _step_completions(self) -> int:
+        """N: completions of one optimiser step on this process."""
+        s = self.settings
+        return s.prompts_per_step * s.num_generations // self.accelerator.num_processes
 
     def _provisional_normalizer(self, inputs) -> torch.Tensor:
         """The constant c of the window: TRL's dapo normaliser (window completion tokens per process)."""
@@ -355,7 +421,7 @@ def grpo_config(plan: Plan, out: Path, num_processes: int = 1, *, deepspeed: boo
         run_name=f"{plan.model_key}/{plan.method_key}/seed{s.seed}", seed=s.seed, data_seed=s.seed,
         learning_rate=s.learning_rate, lr_scheduler_type=s.lr_scheduler_type, warmup_steps=s.warmup_steps * k,
         weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm, optim="adamw_torch",
-        per_device_train_batch_size=s.per_device_train_batch_size, gradient_accumulation_steps=grad_accum,
+        per_device_train_batch_size=trl_micro_batch(s, num_processes), gradient_accumulation_steps=grad_accum,
         steps_per_generation=steps_per_generation, num_generations=s.num_generations,
         num_iterations=s.num_iterations, max_completion_length=s.max_completion_length,
         temperature=s.temperature, top_p=s.top_p, scale_rewards=s.scale_rewards,
@@ -363,7 +429,7 @@ def grpo_config(plan: Plan, out: Path, num_processes: int = 1, *, deepspeed: boo
         use_bias_correction_kl=False,  # plain k3, as policy_loss computes it
         epsilon=obj.eps_low, epsilon_high=obj.eps_high, mask_truncated_completions=False,
         **trl_vllm_kwargs(s),  # device-aware engine settings + recipe overrides; fails fast without vLLM
-        vllm_importance_sampling_correction=False,  # policy_loss has no TIS term (the paper's verl runs had none)
+        vllm_importance_sampling_correction=False,  # policy_loss has no TIS term (JustRL's verl 0.4 has none)
         bf16=s.bf16, **{_CHECKPOINTING_FIELD: s.gradient_checkpointing},
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
         model_init_kwargs={"dtype": torch.bfloat16 if load_bf16 else torch.float32},
@@ -415,7 +481,9 @@ def _resolved_config(plan: Plan, config: GRPOConfig, engine: str = "single") -> 
                 "per_device_train_batch_size": config.per_device_train_batch_size,
                 "num_processes": config.world_size, "loss_type": config.loss_type, "beta": config.beta,
                 "model_dtype": str(config.model_init_kwargs["dtype"]).removeprefix("torch."), "bf16": config.bf16,
-                "engine": engine, "normaliser": normaliser.value},  # the report footnotes estimated normalisers
+                "engine": engine, "normaliser": normaliser.value,  # the report footnotes estimated normalisers
+                "micro_batches": "fixed" if plan.settings.micro_batch_tokens is None else
+                ("token_budget_packed" if plan.settings.padding_free else "token_budget_padded")},
     }
 
 

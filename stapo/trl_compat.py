@@ -19,8 +19,10 @@ raise a RuntimeError naming the TRL version and every changed name.
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 
-__all__ = ["TESTED_TRL", "check_trl", "check_instance", "log_metric", "step_micro_batches", "stop_at",
+__all__ = ["TESTED_TRL", "check_trl", "check_instance", "log_metric", "step_micro_batches", "stop_at", "unshuffled",
+           "fused_forward",
            "mark_scheduler_created", "gathered_lm_head", "log_sum_sq_probs"]
 
 TESTED_TRL = "1.16"
@@ -40,6 +42,7 @@ CALL_SITES = (
     ("compute_loss", "self._compute_loss(model, inputs)"),
     ("_prepare_inputs", "self._generate_and_score_completions(generation_batch)"),
     ("_prepare_inputs", "self._buffered_inputs[self._step % self.args.steps_per_generation]"),
+    ("_prepare_inputs", "shuffle_sequence_dict(generation_batch)"),  # unshuffled() replaces it
     ("training_step", "self._step += 1"),
     ("_get_per_token_logps_and_entropies", "return logps, entropies, aux_loss"),
 )
@@ -49,6 +52,7 @@ ATTRIBUTES = ("_metrics", "_buffered_inputs", "_step", "_created_lr_scheduler", 
 HF_GENERATION_ATTRIBUTES = ("generation_kwargs", "generation_config")  # without vLLM
 KERNEL_PARAMETERS = ("ctx", "hidden", "weight", "bias", "targets", "temperature", "chunk_size",
                      "final_logit_softcapping", "logit_scale", "outputs")
+FUSED_HEAD = "def _fused_forward(\n        self, *args, fused_lm_head=False, labels=None"  # position_ids pass in kwargs
 KERNEL_RETURN = "return logprobs, entropy, log_sum_sq_probs"  # log Σπ² is output 2 (stapo.diagnostics)
 
 
@@ -105,8 +109,11 @@ def check_trl() -> None:
     import trl.kernels
     import trl.trainer.utils
 
-    _fail(_problems(trl.GRPOTrainer, getattr(trl.kernels, "ChunkedLogProbFunction", None),
-                    getattr(trl.trainer.utils, "maybe_gather_lm_head_ctx", None)))
+    problems = _problems(trl.GRPOTrainer, getattr(trl.kernels, "ChunkedLogProbFunction", None),
+                         getattr(trl.trainer.utils, "maybe_gather_lm_head_ctx", None))
+    if FUSED_HEAD not in _source(getattr(trl.trainer.utils, "add_fused_lm_head", None)):  # fused_forward's packed call
+        problems.append(f"trl.trainer.utils.add_fused_lm_head no longer defines `{FUSED_HEAD}`")
+    _fail(problems)
 
 
 def check_instance(trainer) -> None:
@@ -142,6 +149,27 @@ def stop_at(trainer, token_ids: list[int]) -> None:
     if not trainer.use_vllm:
         trainer.generation_kwargs["eos_token_id"] = trainer.eos_token_ids
         trainer.generation_config.eos_token_id = trainer.eos_token_ids
+
+
+@contextmanager
+def unshuffled():
+    """Within it, TRL's ``_prepare_inputs`` splits the rollout batch in the order it was generated (its module's
+    ``shuffle_sequence_dict`` is the identity): whole prompt groups per optimiser step, as verl."""
+    import trl.trainer.grpo_trainer as grpo
+
+    shuffle = grpo.shuffle_sequence_dict
+    grpo.shuffle_sequence_dict = lambda batch: batch
+    try:
+        yield
+    finally:
+        grpo.shuffle_sequence_dict = shuffle
+
+
+def fused_forward(model, input_ids, position_ids, labels):
+    """TRL's patched forward with its fused LM head (``add_fused_lm_head``: ``log_probs`` and ``entropy`` [B, L - 1]
+    of token t + 1 at position t, where ``labels`` is not -100) on a packed row: no attention mask, position ids
+    restarting at every sequence (transformers masks attention to each sequence)."""
+    return model(input_ids=input_ids, position_ids=position_ids, labels=labels, fused_lm_head=True)
 
 
 def mark_scheduler_created(trainer) -> None:

@@ -66,7 +66,9 @@ def _train(recipe: Path, method: str, out: Path, processes: int, *, engine: Path
         cmd = [str(BIN / "accelerate"), "launch", *launch, "--num_processes", str(processes),
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(LAUNCHER), *args]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),  # this checkout
+           **(env or {})}
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert yaml.safe_load((out / "config.yaml").read_text())["trl"]["num_processes"] == processes
@@ -96,6 +98,21 @@ def test_two_processes_equal_one(tmp_path, method):
         assert any(r["silenced_fraction"] > 0 for r in one[0])  # the mask is exercised
     if method == "entropy20":
         assert all(0.1 < r["kept_fraction"] < 0.4 for r in one[0])
+    assert _same(one, two), (one[0], two[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["justrl", "stapo"])
+def test_token_budget_two_processes_equal_one(tmp_path, method):
+    """Token-budget micro-batches (packed, whole groups): two DDP processes, each splitting its half of the step
+    into the same number of micro-batches (an all-reduce MAX), equal one process with its own split — the exact
+    token-mean does not depend on how the step is cut."""
+    recipe = _recipe(tmp_path, {}, max_prompt_length=64, micro_batch_tokens=72, padding_free=True,
+                     mini_batch="groups")
+    one = _train(recipe, method, tmp_path / "one", 1)
+    two = _train(recipe, method, tmp_path / "two", 2)
+    assert yaml.safe_load((tmp_path / "two" / "config.yaml").read_text())["trl"]["micro_batches"] == \
+        "token_budget_packed"
     assert _same(one, two), (one[0], two[0])
 
 

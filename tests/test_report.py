@@ -545,3 +545,23 @@ def test_row_average_ci_stays_within_0_and_100_and_one_benchmark_keeps_its_own()
     half = ((4.0 ** 2 + 2.5 ** 2) ** 0.5) / 2  # 2.36: 98.5 + 2.36 would pass 100
     assert mean == pytest.approx(98.5) and lo == pytest.approx(98.5 - half) and hi == 100.0
     assert mean_ci([score(1.0, 0.0, 4.0), score(0.0, 0.0, 2.0)])[1] == 0.0
+
+
+def test_footnotes_name_per_method_training_overrides(tmp_path):
+    """A method trained with its own recipe (methods.<key>.train) is named in the table's footnotes."""
+    scores, runs = tmp_path / "scores", tmp_path / "runs"
+    for method in ("base", "entropy20"):
+        ckpt = "base" if method == "base" else "final"
+        for setting in SETTINGS:
+            _verified_summary(scores / "m" / method / ckpt / "aime24" / f"{setting}.summary.json", 20.0, None,
+                              "justrl", "")
+    _run_config(runs, "m", "entropy20")
+    config = {"study": "p", "methods": {"entropy20": {"objective": "entropy20", "train": {
+        "prompts_per_generation": 512, "num_generations": 16, "prompts_per_step": 32}}}}
+    study = stapo_study.parse(config, required=(), check_runs=False)
+    report.write_report(scores, runs, tmp_path / "results", study)
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert ("Per-method training overrides (methods.<key>.train, over the shared train section): 20-Entropy: "
+            "prompts_per_generation 512, num_generations 16, prompts_per_step 32.") in table
+    report.write_report(scores, runs, tmp_path / "plain", study_of("p"))
+    assert "Per-method training overrides" not in (tmp_path / "plain" / "table.md").read_text()

@@ -74,6 +74,16 @@ BAD = [
     ("rollout-not-multiple", _set("train.prompts_per_generation", 3), "prompts_per_generation"),
     ("micro-batch-split", _set("train.per_device_train_batch_size", 3), "per_device_train_batch_size"),
     ("top_p-range", _set("train.top_p", 1.5), "top_p"),
+    ("method-train-bound", _set(f"methods.{METHOD}.train", {"prompts_per_step": 0}),
+     f"methods.{METHOD}.train.prompts_per_step"),
+    ("method-train-unknown-key", _set(f"methods.{METHOD}.train", {"micro_batch_token": 64}), "micro_batch_token"),
+    ("method-train-not-mapping", _set(f"methods.{METHOD}.train", 4), f"methods.{METHOD}.train"),
+    ("method-train-split", _set(f"methods.{METHOD}.train", {"per_device_train_batch_size": 3}),
+     "per_device_train_batch_size"),
+    ("budget-below-longest", _set("train.micro_batch_tokens", 100), "train.micro_batch_tokens"),
+    ("budget-bound", _set("train.micro_batch_tokens", 10**9), "train.micro_batch_tokens"),
+    ("padding-free-needs-budget", _set("train.padding_free", True), "train.padding_free"),
+    ("mini-batch-unknown", _set("train.mini_batch", "prompts"), "train.mini_batch"),
     ("learning_rate-zero", _set("train.learning_rate", 0.0), "learning_rate"),
     ("eval-benchmark-no-file", lambda c: c["eval"]["benchmarks"].update({"gsm_tiny": {"samples": 2}}), "gsm_tiny"),
     ("eval-setting-no-top-p", lambda c: c["eval"]["settings"].update({"t0.6": {"temperature": 0.6}}), "t0.6"),
@@ -204,7 +214,7 @@ def _fields(cls) -> set:
 def test_schema_keys_are_the_dataclass_fields():
     assert _props() == set(study.SECTIONS)
     assert _props("models", "*") == _fields(study.ModelEntry)
-    assert _props("methods", "*") == _fields(study.ObjectiveConfig) - {"method"} | {"objective", "label"}
+    assert _props("methods", "*") == _fields(study.ObjectiveConfig) - {"method"} | {"objective", "label", "train"}
     assert _props("eval") == _fields(study.EvalSection)
     assert _props("eval", "benchmarks", "*") == _fields(BenchmarkEntry)
     assert _props("workflow") == _fields(study.WorkflowSection)
@@ -257,3 +267,34 @@ def test_a_number_left_a_string_by_snakemake_config_says_how_to_override():
     with pytest.raises(study.StudyError) as err:
         study.check_schema(config)
     assert "is not of type 'integer'" in str(err.value) and "snakemake --config" not in str(err.value)
+
+
+def test_method_train_overrides_reach_only_that_method():
+    """methods.<key>.train is the method's recipe: over train, under models.<key>.train, for that method only."""
+    config = copy.deepcopy(TINY)
+    config["methods"]["entropy20"]["train"] = {"prompts_per_generation": 4, "num_generations": 8,
+                                               "max_completion_length": 32, "mini_batch": "groups"}
+    config["models"][MODEL]["train"] = {"max_completion_length": 40}
+    s = study.parse(config, check_runs=False)
+    e20, stapo = s.plan(MODEL, "entropy20").settings, s.plan(MODEL, "stapo").settings
+    assert (e20.prompts_per_generation, e20.num_generations, e20.mini_batch) == (4, 8, "groups")
+    assert e20.max_completion_length == 40 == stapo.max_completion_length  # the model's hardware override wins
+    assert (stapo.prompts_per_generation, stapo.num_generations, stapo.mini_batch) == (2, 4, "shuffled")
+    assert s.train_overrides() == {"entropy20": config["methods"]["entropy20"]["train"]}
+    assert "train" not in dataclasses.asdict(s.methods["entropy20"])  # not an objective parameter
+    # the optimiser steps per rollout step differ, so do the curve checkpoints' names (k = 4 / 2 = 2 vs 1)
+    config["workflow"].update(eval_every=2)
+    config["train"].update(max_steps=6, save_total_limit=None)
+    s = study.parse(config)
+    assert study.curve_checkpoints(s, MODEL, "entropy20") == ["checkpoint-4", "checkpoint-8"]
+    assert study.curve_checkpoints(s, MODEL, "stapo") == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_token_budget_and_whole_groups_map_onto_trl():
+    from stapo.study.train import trl_micro_batch
+
+    s = study.train_settings({"micro_batch_tokens": 32768, "mini_batch": "groups"})
+    assert study.accumulation(s, 8) == (1, 4) and trl_micro_batch(s, 8) == 64  # TRL: each process's whole step
+    assert study.accumulation(study.train_settings({}), 8) == (64, 256)  # fixed micro-batch 1, as before
+    with pytest.raises(ValueError, match="multiple of the processes"):
+        study.accumulation(study.train_settings({"mini_batch": "groups", "prompts_per_step": 32}), 64)

@@ -101,8 +101,16 @@ def test_paper_recipe_maps_to_trl_batches():
         for method in recipe["methods"]:
             study.resolve_plan(recipe, model, method)
     plan = study.resolve_plan(recipe, "qwen3-8b-base", "stapo")
-    # 64 prompts x 8 rollouts per optimiser step over 8 GPUs x 1 completion; 4 optimiser steps per rollout batch
-    assert study.accumulation(plan.settings, 8) == (64, 256)
+    # 64 prompts x 8 rollouts per optimiser step over 8 GPUs: TRL hands each its 64 completions of the step at
+    # once (token-budget micro-batches, JustRL's 32,768 tokens, packed); 4 optimiser steps per rollout batch
+    assert study.accumulation(plan.settings, 8) == (1, 4)
+    assert T.trl_micro_batch(plan.settings, 8) == 64 and T.trl_micro_batch(plan.settings, 64) == 8
+    assert (plan.settings.micro_batch_tokens, plan.settings.padding_free, plan.settings.mini_batch) == (32768, True,
+                                                                                                       "groups")
+    e20 = study.resolve_plan(recipe, "qwen3-8b-base", "entropy20").settings  # the 80/20 release's own recipe
+    assert (e20.prompts_per_generation, e20.num_generations, e20.prompts_per_step, e20.max_completion_length,
+            e20.micro_batch_tokens) == (512, 16, 32, 20480, 22528)
+    assert study.accumulation(e20, 64) == (1, 16) and T.trl_micro_batch(e20, 64) == 8
     assert (plan.objective.tau_p, plan.objective.entropy_quantile) == (0.002, 0.75)
     s = plan.settings
     assert (s.learning_rate, s.warmup_steps, s.weight_decay, s.max_grad_norm) == (1e-6, 10, 0.1, 1.0)

@@ -88,8 +88,11 @@ def test_eval_every_sets_the_aime24_curve_jobs(tmp_path):
     outputs = planned_outputs(tmp_path, "--configfile", PAPER, extra)
     curve = [f for f in outputs if "/checkpoint-" in f and f.endswith(".summary.json")]
     assert len(curve) == 12 * 2 and all(f.endswith("/aime24/t1.0_p1.0.summary.json") for f in curve)
-    # rollout steps 1000 and 2000 = optimiser steps 4000 and 8000 (256 / 64 prompts per rollout batch)
-    assert {f.split("/")[3] for f in curve} == {"checkpoint-4000", "checkpoint-8000"}
+    # rollout steps 1000 and 2000 = optimiser steps 4000 and 8000 (256 / 64 prompts per rollout batch); 20-Entropy's
+    # own recipe (methods.entropy20.train: 512 / 32 prompts) names them 16000 and 32000
+    steps = {(f.split("/")[2], f.split("/")[3]) for f in curve}
+    assert {c for m, c in steps if m != "entropy20"} == {"checkpoint-4000", "checkpoint-8000"}
+    assert {c for m, c in steps if m == "entropy20"} == {"checkpoint-16000", "checkpoint-32000"}
 
 
 def test_tiny_dry_run_is_offline_arith_unless_data_dir(tmp_path):
@@ -243,6 +246,9 @@ def test_a_dry_run_with_another_config_cannot_change_a_planned_job(tmp_path):
     resources = tmp_path / "mem.yaml"  # resources are not the job's config: same recipe, no rerun
     resources.write_text("workflow: {train_mem_mb: 9999}\n")
     assert _planned_recipe(tmp_path, "--configfile", TINY, resources) == recipe
+    own = tmp_path / "own.yaml"  # the method's own recipe (methods.<key>.train) is part of its job's config
+    own.write_text("methods: {stapo: {train: {num_generations: 8}}}\n")
+    assert _planned_recipe(tmp_path, "--configfile", TINY, own) not in (recipe, other)
 
 
 def test_configfile_is_the_study_not_an_overlay_of_the_paper(tmp_path):

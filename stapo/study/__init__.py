@@ -5,7 +5,8 @@ A study has six sections, each a dataclass whose fields are documented where the
     study     its name (results headings)
     models    key -> :class:`ModelEntry` (spec, GPUs, per-model ``train`` overrides, cluster resources)
     methods   key -> :class:`ObjectiveConfig` (stapo.objectives' hyper-parameters; ``objective`` names the method;
-              stapo/study/objective.py)
+              stapo/study/objective.py), and the method's own ``train`` overrides (its recipe: the paper's baselines
+              "follow the parameter settings reported in their original papers")
     train     :class:`TrainSettings`, the shared RL recipe (stapo/study/train.py)
     eval      :class:`EvalSection`, the evaluation protocol (stapo/study/evaluation.py)
     workflow  :class:`WorkflowSection`, what the Snakemake workflow runs and the resources it asks for
@@ -175,6 +176,7 @@ class Study:
     workflow: WorkflowSection
     source: str = "config"
     labels: dict = field(default_factory=dict)  # {"methods": {key: label}}: the study's own labels (``label``)
+    method_train: dict = field(default_factory=dict)  # {method: its ``train`` overrides} (methods.<key>.train)
 
     def label(self, kind: str, key: str) -> str:
         """What tables and figures call ``key`` of ``kind`` ("models", "methods", "benchmarks", "settings"): the
@@ -204,14 +206,21 @@ class Study:
         cli = {k: v for k, v in (("max_steps", max_steps), ("seed", seed)) if v is not None}
         if cli:
             _checked(self.source, lambda: train_settings({**dataclasses.asdict(self.train), **cli}, "train"))
-        settings = self.train_settings(model, **cli)
+        settings = self.train_settings(model, method, **cli)
         _checked(self.source, lambda: _check_spec(model, self.models[model].spec))
         return Plan(model, self.models[model].spec, method, self.methods[method], settings)
 
-    def train_settings(self, model: str, **overrides) -> TrainSettings:
-        """The ``train`` section with ``models.<model>.train`` (and ``overrides``) over it, validated."""
-        section = {**dataclasses.asdict(self.train), **self.models[model].train, **overrides}
-        return _checked(self.source, lambda: train_settings(section, f"models.{model}.train"))
+    def train_settings(self, model: str, method: str | None = None, **overrides) -> TrainSettings:
+        """The ``train`` section with ``methods.<method>.train`` (the method's recipe), then ``models.<model>.train``
+        (the model's hardware settings), then ``overrides`` over it, validated."""
+        own = self.method_train.get(method, {}) if method is not None else {}
+        section = {**dataclasses.asdict(self.train), **own, **self.models[model].train, **overrides}
+        where = f"models.{model}.train" + (f" with methods.{method}.train" if own else "")
+        return _checked(self.source, lambda: train_settings(section, where))
+
+    def train_overrides(self) -> dict[str, dict]:
+        """{method: its train overrides} of the methods that have any (the report's protocol footnote)."""
+        return {m: dict(t) for m, t in self.method_train.items() if t}
 
     @property
     def curve_settings(self) -> list[str]:
@@ -365,6 +374,7 @@ def check_schema(config: dict, *, source: str = "config", required: tuple[str, .
 
 def _objective(key: str, entry: dict) -> ObjectiveConfig:
     entry = dict(entry or {})
+    entry.pop("train", None)  # the method's recipe overrides (Study.method_train), not an objective parameter
     name = entry.pop("objective", key)
     entry.pop("label", None)  # the study's display label (Study.label), not a hyper-parameter
     known = {f.name for f in dataclasses.fields(ObjectiveConfig)} - {"method"}
@@ -416,7 +426,11 @@ def parse(config: dict, *, source: str = "config", required: tuple[str, ...] | N
         source=source,
         labels={"methods": {k: v["label"] for k, v in (config.get("methods") or {}).items()
                             if isinstance(v, dict) and v.get("label")}},
+        method_train={k: dict(v["train"]) for k, v in (config.get("methods") or {}).items()
+                      if isinstance(v, dict) and v.get("train")},
     )
+    for method, own in study.method_train.items():  # validated like train, over it
+        _checked(source, lambda: train_settings({**dataclasses.asdict(study.train), **own}, f"methods.{method}.train"))
     if "eval" in config and "curve_settings" in (config.get("workflow") or {}):
         missing = [s for s in study.workflow.curve_settings or () if s not in study.eval.settings]
         if missing:
@@ -430,11 +444,12 @@ def parse(config: dict, *, source: str = "config", required: tuple[str, ...] | N
         raise StudyError(f"{source}: workflow.models: {unknown[0]!r} is not a key of models "
                          f"({', '.join(study.models)})")
     if check_runs and "train" in config:
-        for model in study.run_models:  # a run's settings depend on its model only (methods are checked above)
+        for model in study.run_models:  # a run's settings: its model's and its method's overrides
             _checked(source, lambda: _check_spec(model, study.models[model].spec))
-            settings = study.train_settings(model)
-            _checked(source, lambda: accumulation(settings, study.models[model].processes))
-            _checked(source, lambda: _check_evaluated_checkpoints(study, model))
+            for method in [None, *study.method_train]:
+                settings = study.train_settings(model, method)
+                _checked(source, lambda: accumulation(settings, study.models[model].processes))
+                _checked(source, lambda: _check_evaluated_checkpoints(study, model, method))
     if "eval" in config:
         _checked(source, lambda: _check_data_dir(study))
     return study
@@ -457,14 +472,14 @@ def kept_checkpoints(settings: TrainSettings) -> list[int]:
     return [n * k for n in steps]
 
 
-def _check_evaluated_checkpoints(study: Study, model: str) -> None:
+def _check_evaluated_checkpoints(study: Study, model: str, method: str | None = None) -> None:
     """Every checkpoint the workflow evaluates (``workflow.checkpoints``, the ``eval_every`` curve) is one the run
     saves and still holds when its evaluations start (after final/)."""
-    settings = study.train_settings(model)
+    settings = study.train_settings(model, method)
     kept = kept_checkpoints(settings)
     kept_set = set(kept)
     named = [("workflow.checkpoints", c) for c in study.workflow.checkpoints if c != "final"]
-    named += [("workflow.eval_every", c) for c in curve_checkpoints(study, model)]
+    named += [("workflow.eval_every", c) for c in curve_checkpoints(study, model, method)]
     for key, ckpt in named:
         n = int(ckpt.removeprefix("checkpoint-"))
         if n in kept_set:
@@ -475,7 +490,8 @@ def _check_evaluated_checkpoints(study: Study, model: str) -> None:
                if saved else f"train.save_steps {settings.save_steps} × {k} optimiser steps per rollout step up "
                f"to train.max_steps {settings.max_steps} never saves it")
         shown = ", ".join(f"checkpoint-{m}" for m in kept[-6:])
-        raise ValueError(f"{key}: {ckpt} of models.{model} will not exist: {why}; the run keeps "
+        run = f"models.{model}" + (f" (methods.{method})" if method else "")
+        raise ValueError(f"{key}: {ckpt} of {run} will not exist: {why}; the run keeps "
                          + (shown if len(kept) <= 6 else f"{len(kept):,} checkpoints, the newest {shown}"))
 
 
@@ -506,13 +522,13 @@ def resolve_plan(config: dict, model: str, method: str, *, max_steps: int | None
                                                                          seed=seed)
 
 
-def curve_checkpoints(study: Study, model: str) -> list[str]:
+def curve_checkpoints(study: Study, model: str, method: str | None = None) -> list[str]:
     """The accuracy-curve checkpoints of ``model``: rollout steps eval_every, 2 eval_every, ... < train.max_steps
     (final is the curve's last point), named by TRL's optimiser step (``checkpoint-<k × step>``, stapo.schedule)."""
     every = study.workflow.eval_every
     if not every:
         return []
-    train = study.train_settings(model)
+    train = study.train_settings(model, method)
     if every % train.save_steps:
         raise ValueError(f"workflow.eval_every ({every}) must be a multiple of train.save_steps "
                          f"({train.save_steps}): only saved checkpoints can be evaluated")

@@ -41,11 +41,12 @@ class ObjectiveConfig:
         kl_log_ratio_clip, kl_clip: verl ``low_var_kl``: log(π_ref/π) clamped to ±20, k3 clamped to ±10.
         loss_agg_mode: how the per-token losses of an optimiser step become one loss (stapo.objectives, trainer):
             "token-mean" (default; JustRL family, as verl's engine workers aggregate it — agg_loss with the global
-            batch_num_tokens, the paper's verl 0.9.1: Σ kept ℓ over the whole optimiser step on all ranks / its
-            kept-token count, one denominator);
+            batch_num_tokens in verl 0.9.1 — chosen, the paper names no verl version: Σ kept ℓ over the whole
+            optimiser step on all ranks / its kept-token count, one denominator);
             "token-mean-per-micro-batch" (verl 0.4.0, the trainer JustRL's repo ships: each micro-batch's own
             token-mean over its kept tokens, weighted by its share of the rank's sequences in the step (÷ gradient
-            accumulation steps with TRL's fixed micro-batch size), ranks averaged — TRL's "bnpo");
+            accumulation steps with TRL's fixed micro-batch size; verl's own token-budget micro-batches with
+            ``train.micro_batch_tokens``), ranks averaged — TRL's "bnpo");
             "seq-mean-token-mean" (GRPO: mean over completions of each completion's token-mean).
         quantile_scope: where the entropy thresholds of entropy20 / stapo (and its ablations) are taken:
             "mini_batch" (default, paper; once per optimiser step over all its completions on all ranks,

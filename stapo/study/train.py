@@ -7,6 +7,9 @@ Batch semantics (paper, Training Details; verl ``train_batch_size`` / ``ppo_mini
 In TRL terms (micro-batch = per_device_train_batch_size completions on each of W processes):
     gradient_accumulation_steps = prompts_per_step · G / (per_device_train_batch_size · W)
     steps_per_generation        = gradient_accumulation_steps · prompts_per_generation / prompts_per_step
+With a token budget (``micro_batch_tokens``, verl's ``use_dynamic_bsz``) TRL hands the trainer a process's whole
+optimiser step at once (per_device_train_batch_size = prompts_per_step · G / W, gradient_accumulation_steps 1)
+and stapo.trainer splits it into token-budget micro-batches itself (stapo.batching).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from stapo.data import TRAIN_PROMPTS, DatasetError, check_worked_example, valida
 from stapo.limits import BOUNDS, check_bound
 from stapo.rewards import REWARDS
 
-__all__ = ["TrainSettings", "train_settings", "accumulation"]
+__all__ = ["TrainSettings", "train_settings", "accumulation", "trl_micro_batch", "MINI_BATCHES"]
 
 
 @dataclass
@@ -43,7 +46,18 @@ class TrainSettings:
         weight_decay: 0.1 (JustRL script). max_grad_norm: 1.0.
         prompts_per_generation: prompts per rollout batch (paper 256). num_generations: rollouts per prompt (8).
         prompts_per_step: prompts per optimiser step, the PPO mini-batch (paper 64).
-        per_device_train_batch_size: completions per micro-batch per process (paper: 1 per GPU).
+        per_device_train_batch_size: completions per micro-batch per process when ``micro_batch_tokens`` is None,
+            and the chunk of TRL's no-grad forwards (π_old, reference) either way.
+        micro_batch_tokens: token budget of a micro-batch per process (prompt + completion tokens; verl's
+            ``ppo_max_token_len_per_gpu`` with ``use_dynamic_bsz``; JustRL's script: 32,768); None = fixed
+            micro-batches of per_device_train_batch_size completions. stapo.batching: micro-batch count
+            ⌈tokens / budget⌉ (the largest over processes), Karmarkar–Karp balanced, as verl 0.4 does.
+        padding_free: token-budget micro-batches are packed into one row (position ids restart at every sequence;
+            no padding) instead of padded to their longest prompt and completion.
+        mini_batch: which completions make an optimiser step. ``groups``: whole prompt groups in rollout order
+            (verl's ``batch.split(ppo_mini_batch_size)``, shuffle off; each process's share of the step is whole
+            groups in the order it generated them); ``shuffled``: TRL's completion-level shuffle of the rollout
+            batch before it is split.
         num_iterations: PPO epochs over each rollout batch (paper 1).
         max_prompt_length: prompts longer than this (tokens) are dropped, as verl's filter_overlong_prompts (1,024).
         max_completion_length: response budget in tokens (15,360).
@@ -83,6 +97,9 @@ class TrainSettings:
     num_generations: int = 8
     prompts_per_step: int = 64
     per_device_train_batch_size: int = 1
+    micro_batch_tokens: int | None = None
+    padding_free: bool = False
+    mini_batch: str = "shuffled"
     num_iterations: int = 1
     max_prompt_length: int = 1024
     max_completion_length: int = 15360
@@ -107,6 +124,8 @@ _POSITIVE = ("max_steps", "save_steps", "prompts_per_generation", "num_generatio
              "per_device_train_batch_size", "num_iterations", "max_prompt_length", "max_completion_length")
 
 
+MINI_BATCHES = ("groups", "shuffled")  # verl's whole groups in rollout order | TRL's completion-level shuffle
+
 _NUMBERS = ("learning_rate", "weight_decay", "max_grad_norm", "temperature", "top_p")
 
 
@@ -128,6 +147,17 @@ def _validate(s: TrainSettings, where: str) -> None:
     if s.prompts_per_generation % s.prompts_per_step:
         raise ValueError(f"{where}.prompts_per_generation ({s.prompts_per_generation}) must be a multiple of "
                          f"{where}.prompts_per_step ({s.prompts_per_step})")
+    if s.mini_batch not in MINI_BATCHES:
+        raise ValueError(f"{where}.mini_batch: {s.mini_batch!r}; expected one of {list(MINI_BATCHES)}")
+    if s.micro_batch_tokens is not None:
+        longest = s.max_prompt_length + s.max_completion_length
+        if isinstance(s.micro_batch_tokens, bool) or not isinstance(s.micro_batch_tokens, int):
+            raise ValueError(f"{where}.micro_batch_tokens: an integer or null, got {s.micro_batch_tokens!r}")
+        if s.micro_batch_tokens < longest:
+            raise ValueError(f"{where}.micro_batch_tokens ({s.micro_batch_tokens}) must hold the longest sequence, "
+                             f"max_prompt_length + max_completion_length = {longest} (verl asserts the same)")
+    elif s.padding_free:
+        raise ValueError(f"{where}.padding_free: needs micro_batch_tokens (token-budget micro-batches)")
     if s.prompt not in TRAIN_PROMPTS:
         raise ValueError(f"{where}.prompt: unknown prompt {s.prompt!r}; expected one of {list(TRAIN_PROMPTS)}")
     if s.reward not in REWARDS:
@@ -178,10 +208,25 @@ def train_settings(section: dict, where: str = "train") -> TrainSettings:
 
 
 
+def trl_micro_batch(settings: TrainSettings, num_processes: int) -> int:
+    """TRL's per_device_train_batch_size: the fixed micro-batch, or, with a token budget, the process's whole
+    optimiser step (stapo.trainer splits it into token-budget micro-batches)."""
+    if settings.micro_batch_tokens is None:
+        return settings.per_device_train_batch_size
+    per_step = settings.prompts_per_step * settings.num_generations
+    if per_step % num_processes:
+        raise ValueError(f"train.prompts_per_step × num_generations ({per_step}) must be a multiple of the "
+                         f"processes ({num_processes})")
+    return per_step // num_processes
+
+
 def accumulation(settings: TrainSettings, num_processes: int) -> tuple[int, int]:
     """(gradient_accumulation_steps, steps_per_generation) for TRL (see the module docstring)."""
     per_step = settings.prompts_per_step * settings.num_generations
-    micro = settings.per_device_train_batch_size * num_processes
+    if settings.mini_batch == "groups" and settings.prompts_per_step % num_processes:
+        raise ValueError(f"train.mini_batch groups: train.prompts_per_step ({settings.prompts_per_step}) must be a "
+                         f"multiple of the processes ({num_processes}), so that each holds whole prompt groups")
+    micro = trl_micro_batch(settings, num_processes) * num_processes
     if per_step % micro:
         raise ValueError(f"train.prompts_per_step × num_generations ({per_step}) must be a multiple of "
                          f"train.per_device_train_batch_size × processes ({micro})")

@@ -159,8 +159,9 @@ def all_summaries():
             files += [score_file(model, run, ckpt, b, s) for b in benchmarks() for s in SETTINGS]
         if curve_bench in benchmarks():
             for run in RUNS:
+                curve = stapo_study.curve_checkpoints(STUDY, model, RUNS[run][0])  # the run's method's recipe
                 files += [score_file(model, run, c, curve_bench, s)
-                          for c in stapo_study.curve_checkpoints(STUDY, model) if c not in full for s in curve_settings]
+                          for c in curve if c not in full for s in curve_settings]
     return files
 
 
@@ -220,7 +221,8 @@ def prune_checkpoints(wildcards):
     reads, once final/ is written (each holds the optimizer state); else nothing."""
     if WF.keep_checkpoints:
         return ""
-    kept = sorted((set(WF.checkpoints) | set(stapo_study.curve_checkpoints(STUDY, wildcards.model))) - {"final"})
+    kept = sorted((set(WF.checkpoints) | set(stapo_study.curve_checkpoints(STUDY, wildcards.model,
+                                                                                RUNS[wildcards.run][0]))) - {"final"})
     keep = "".join(f" ! -name {shlex.quote(c)}" for c in kept)
     run_dir = shlex.quote(f"runs/{wildcards.model}/{wildcards.run}")
     return f" && find {run_dir} -maxdepth 1 -name 'checkpoint-*'{keep} -exec rm -rf {{}} +"

@@ -1,0 +1,365 @@
+"""Token-budget micro-batches (stapo.batching, stapo.trainer) against verl 0.4.0's dynamic batch size.
+
+The reference below is a transcription, written from the source, of verl 0.4.0 as JustRL ships it
+(thunlp/JustRL @ cf444e9920b599c865ee6742c88dc162dcabcec2, train/verl/version/version = 0.4.0):
+    train/verl/utils/seqlen_balancing.py   karmarkar_karp, get_seqlen_balanced_partitions, rearrange_micro_batches
+    train/verl/workers/actor/dp_actor.py   DataParallelPPOActor.update_policy, use_dynamic_bsz branch:
+                                           loss = policy_loss * (len(data) / ppo_mini_batch_size), ppo_mini_batch_size
+                                           being the rank's completions of the mini-batch; DDP/FSDP average the ranks
+    train/verl/trainer/ppo/core_algos.py   agg_loss "token-mean": masked_mean over the micro-batch
+The 80/20 release (Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR @ 6f5dda6f70dbee207bea28705e5f96ce12eb98df, verl
+0.7.0.dev) has the same partitions (its rearrange_micro_batches only reorders them by Σ len², which a sum of losses
+ignores), the same loss_scale_factor = response_mask.shape[0] / ppo_mini_batch_size, and applies
+core_algos.get_global_entropy_top_mask to each micro-batch's own tokens on its rank.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import random
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(1)
+
+import stapo.trainer as T  # noqa: E402
+from stapo import batching, study  # noqa: E402
+from stapo.objectives import policy_loss, step_thresholds  # noqa: E402
+from stapo.rewards import REWARDS  # noqa: E402
+from tests.test_trainer import coin_reward, tiny_recipe  # noqa: E402
+
+
+# ----------------------------------------------------------------------- verl 0.4.0, transcribed (see docstring)
+
+
+def verl_karmarkar_karp(seqlen_list, k_partitions):
+    class Set:
+        def __init__(self):
+            self.sum = 0
+            self.items = []
+
+        def add(self, idx, val):
+            self.items.append((idx, val))
+            self.sum += val
+
+        def merge(self, other):
+            for idx, val in other.items:
+                self.items.append((idx, val))
+                self.sum += val
+
+        def __lt__(self, other):
+            if self.sum != other.sum:
+                return self.sum < other.sum
+            if len(self.items) != len(other.items):
+                return len(self.items) < len(other.items)
+            return self.items < other.items
+
+    class State:
+        def __init__(self, items, k):
+            self.k = k
+            self.sets = [Set() for _ in range(k)]
+            for i, (idx, seqlen) in enumerate(items):
+                self.sets[i].add(idx=idx, val=seqlen)
+            self.sets = sorted(self.sets, reverse=True)
+
+        def get_partitions(self):
+            return [[idx for idx, _ in s.items] for s in self.sets]
+
+        def merge(self, other):
+            for i in range(self.k):
+                self.sets[i].merge(other.sets[self.k - 1 - i])
+            self.sets = sorted(self.sets, reverse=True)
+
+        @property
+        def spread(self):
+            return self.sets[0].sum - self.sets[-1].sum
+
+        def __lt__(self, other):
+            if self.spread != other.spread:
+                return self.spread > other.spread
+            return self.sets[0] > other.sets[0]
+
+    sorted_seqlen_list = sorted([(seqlen, i) for i, seqlen in enumerate(seqlen_list)])
+    states_pq = []
+    for seqlen, idx in sorted_seqlen_list:
+        heapq.heappush(states_pq, State(items=[(idx, seqlen)], k=k_partitions))
+    while len(states_pq) > 1:
+        state0 = heapq.heappop(states_pq)
+        state1 = heapq.heappop(states_pq)
+        state0.merge(state1)
+        heapq.heappush(states_pq, state0)
+    return states_pq[0].get_partitions()
+
+
+def verl_get_seqlen_balanced_partitions(seqlen_list, k_partitions):
+    partitions = verl_karmarkar_karp(seqlen_list, k_partitions)
+    assert all(len(p) > 0 for p in partitions)
+    return [sorted(p) for p in partitions]
+
+
+def verl_rearrange_micro_batches(attention_masks, max_token_len):
+    """rearrange_micro_batches over the ranks' [N_r, S] attention masks at once (dist.all_reduce MAX of the count,
+    same_micro_num_in_dp=True); returns each rank's index lists."""
+    counts = []
+    for mask in attention_masks:
+        assert max_token_len >= mask.shape[-1]
+        seq_len_effective = mask.sum(dim=1)
+        total_seqlen = seq_len_effective.sum().item()
+        counts.append(min(len(seq_len_effective), -(total_seqlen // -max_token_len)))
+    num_micro_batches = max(counts)
+    return [verl_get_seqlen_balanced_partitions(m.sum(dim=1).tolist(), num_micro_batches) for m in attention_masks]
+
+
+def verl_entropy_top_mask(entropy, response_mask, top_ratio):
+    """core_algos.get_global_entropy_top_mask; torch.topk's ties replaced by a stable sort (no ties here)."""
+    flat_entropy, flat_mask = entropy.flatten(), response_mask.flatten().bool()
+    response_entropy = flat_entropy[flat_mask]
+    top_k = max(1, int(len(response_entropy) * top_ratio + 0.9999))
+    topk_idx = response_entropy.sort(descending=True, stable=True).indices[:top_k]
+    out = torch.zeros_like(flat_entropy, dtype=torch.long)
+    out[flat_mask.nonzero(as_tuple=False).squeeze(1)[topk_idx]] = 1
+    return out.view_as(entropy)
+
+
+# ------------------------------------------------------------------------------------------- partitions
+
+
+def long_tailed(n: int, seed: int, cap: int = 2000) -> list[int]:
+    """Most sequences short, a few near the cap (a lognormal, as RL responses are)."""
+    rng = random.Random(seed)
+    return [min(cap, max(1, int(rng.lognormvariate(4.5, 1.0)))) for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_partitions_are_verls(seed):
+    lengths = long_tailed(64 + seed, seed)
+    for k in (1, 2, 3, 7, 16, len(lengths)):
+        assert batching.balanced_partitions(lengths, k) == verl_get_seqlen_balanced_partitions(lengths, k)
+    ties = [5] * 9 + [3] * 4  # equal sums everywhere: verl's tie-breaking decides
+    assert batching.balanced_partitions(ties, 4) == verl_get_seqlen_balanced_partitions(ties, 4)
+
+
+def test_micro_batch_count_is_the_largest_over_ranks():
+    ranks = [long_tailed(16, s) for s in range(3)]
+    budget = 600
+    masks = [torch.tensor([[1] * n + [0] * (2000 - n) for n in r]) for r in ranks]
+    want = verl_rearrange_micro_batches(masks, 2000 if budget < 2000 else budget)
+    m = max(min(len(r), -(-sum(r) // 2000)) for r in ranks)
+    got = [batching.balanced_partitions(r, batching.micro_batch_count(r, 2000, reduce_max=lambda _: m)) for r in ranks]
+    assert got == want and len({len(p) for p in got}) == 1
+    lengths = [10, 30, 700, 5]  # Σ 745 over a 300-token budget: 3 micro-batches, balanced, one above the budget
+    parts = batching.token_budget_partitions(lengths, 700)
+    assert len(parts) == 2 and sorted(sum(lengths[i] for i in p) for p in parts) == [45, 700]
+    with pytest.raises(ValueError, match="below a sequence of 700"):
+        batching.token_budget_partitions(lengths, 699)
+
+
+def test_select_rows_trims_to_its_own_padding():
+    batch = {"prompt_ids": torch.arange(12).view(3, 4), "prompt_mask": torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1],
+                                                                                     [0, 0, 0, 1]]),
+             "completion_ids": torch.arange(15).view(3, 5), "completion_mask": torch.tensor(
+                 [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]),
+             "advantages": torch.tensor([1.0, 2.0, 3.0]), "num_items_in_batch": torch.tensor(8)}
+    mb = batching.select_rows(batch, [0, 2])
+    assert mb["prompt_ids"].tolist() == [[2, 3], [10, 11]] and mb["prompt_mask"].tolist() == [[1, 1], [0, 1]]
+    assert mb["completion_ids"].tolist() == [[0, 1], [10, 11]] and mb["advantages"].tolist() == [1.0, 3.0]
+    assert int(mb["num_items_in_batch"]) == 8
+    assert batching.padded_fraction([mb]) == pytest.approx(1 - 6 / 8)
+    ids, pos, labels, spans = batching.pack(mb["prompt_ids"], mb["prompt_mask"], mb["completion_ids"],
+                                            mb["completion_mask"])
+    assert ids.tolist() == [[2, 3, 0, 1, 11, 10]] and pos.tolist() == [[0, 1, 2, 3, 0, 1]]
+    assert labels.tolist() == [[-100, -100, 0, 1, -100, 10]] and spans == [(2, 2), (5, 1)]
+
+
+# ------------------------------------------------------------------------------------ gradients, 1-4 ranks
+
+
+def _step(n: int, seed: int, prompt_max: int = 6, completion_max: int = 30) -> dict:
+    """One optimiser step's completions on one rank: left-padded prompts, right-padded completions of unequal
+    (long-tailed) lengths, advantages of both signs."""
+    g = torch.Generator().manual_seed(seed)
+    p_len = torch.randint(2, prompt_max + 1, (n,), generator=g)
+    c_len = torch.clamp((torch.rand(n, generator=g) ** 4 * completion_max).long() + 1, max=completion_max)
+    prompt_mask = (torch.arange(prompt_max)[None] >= (prompt_max - p_len)[:, None]).long()
+    completion_mask = (torch.arange(completion_max)[None] < c_len[:, None]).long()
+    return {"prompt_ids": torch.randint(100, 5000, (n, prompt_max), generator=g) * prompt_mask,
+            "prompt_mask": prompt_mask,
+            "completion_ids": torch.randint(100, 5000, (n, completion_max), generator=g) * completion_mask,
+            "completion_mask": completion_mask, "advantages": torch.randn(n, generator=g),
+            "num_items_in_batch": completion_mask.sum()}
+
+
+def _trainer(tmp_path, method: str, **objective):
+    recipe = tiny_recipe(reward="dapo_strict", prompts_per_step=12, prompts_per_generation=12,
+                         micro_batch_tokens=300, max_completion_length=30)
+    recipe["methods"][method].update(objective)
+    plan = study.resolve_plan(recipe, "tiny-qwen3", method)
+    trainer = T.build_trainer(plan, tmp_path)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train(): TRL's step is the rank's whole step
+    return plan, trainer
+
+
+def _grads(model) -> dict:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _rel(a: dict, b: dict) -> float:
+    num = sum(float((a[n] - b[n]).pow(2).sum()) for n in b)
+    return (num / sum(float(b[n].pow(2).sum()) for n in b)) ** 0.5
+
+
+def _harness_step(trainer, ranks: list[dict], budget: int, monkeypatch) -> dict:
+    """The trainer's token-budget path on each simulated rank; the ranks' gradients averaged (DDP)."""
+    m = max(min(len(r["advantages"]), -(-sum(batching.sequence_lengths(r)) // budget)) for r in ranks)
+    trainer.settings.micro_batch_tokens = budget
+    model = trainer.model
+    total = None
+    with monkeypatch.context() as mp:  # the all-reduce MAX of the count, and the rank's step size
+        mp.setattr(batching, "micro_batch_count", lambda lengths, budget, reduce_max=None: m)
+        mp.setattr(T.StapoGRPOTrainer, "_step_completions", property(lambda self: len(ranks[0]["advantages"])))
+        for inputs in ranks:
+            model.zero_grad()
+            trainer._compute_loss(model, inputs).backward()
+            trainer._close_window(model)
+            g = _grads(model)
+            total = g if total is None else {n: total[n] + g[n] for n in g}
+    return {n: v / len(ranks) for n, v in total.items()}
+
+
+def _verl_step(trainer, cfg, ranks: list[dict], budget: int, uniform: bool = False) -> dict:
+    """verl 0.4.0's update_policy (dynamic bsz) on the same ranks: rearrange_micro_batches over the attention
+    masks, each micro-batch's token-mean × len(data) / ppo_mini_batch_size, backward; ranks averaged."""
+    masks = [torch.cat([r["prompt_mask"], r["completion_mask"]], 1) for r in ranks]
+    parts = verl_rearrange_micro_batches(masks, budget)
+    model, total = trainer.model, None
+    for inputs, rank_parts in zip(ranks, parts):
+        model.zero_grad()
+        ppo_mini_batch_size = len(inputs["advantages"])
+        for idx in rank_parts:
+            # verl's forward (use_remove_padding) sees no padding: the rows with only their own, as the harness's
+            data = batching.select_rows(inputs, idx)
+            ids = torch.cat([data["prompt_ids"], data["completion_ids"]], 1)
+            mask = torch.cat([data["prompt_mask"], data["completion_mask"]], 1)
+            logps, ent, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, data["completion_ids"].size(1),
+                                                                       compute_entropy=True)
+            response_mask = data["completion_mask"]
+            if cfg.method == "entropy20":  # the release's mask, then agg_loss over response_mask * top mask
+                top = verl_entropy_top_mask(ent.detach(), response_mask, cfg.top_entropy_ratio)
+                plain = study.get_objective("justrl", loss_agg_mode=cfg.loss_agg_mode, eps_low=cfg.eps_low,
+                                            eps_high=cfg.eps_high, clip_ratio_c=cfg.clip_ratio_c)
+                loss, _ = policy_loss(plain, logps=logps, old_logps=logps.detach(), advantages=data["advantages"],
+                                      entropies=ent, completion_mask=response_mask * top)
+            else:
+                loss, _ = policy_loss(cfg, logps=logps, old_logps=logps.detach(), advantages=data["advantages"],
+                                      entropies=ent, completion_mask=response_mask)
+            # uniform: ÷ micro-batch count instead (TRL's fixed-size "bnpo" weight), to show the test tells them apart
+            (loss * (1 / len(rank_parts) if uniform else len(idx) / ppo_mini_batch_size)).backward()
+        g = _grads(model)
+        total = g if total is None else {n: total[n] + g[n] for n in g}
+    return {n: v / len(ranks) for n, v in total.items()}
+
+
+@pytest.mark.parametrize("method, scope", [pytest.param("justrl", "mini_batch", marks=pytest.mark.slow),
+                                           ("entropy20", "micro_batch_local_topk"),
+                                           pytest.param("stapo", "micro_batch_local_topk", marks=pytest.mark.slow)])
+def test_token_budget_equals_verl_dynamic_bsz(tmp_path, monkeypatch, method, scope):
+    """loss_agg_mode token-mean-per-micro-batch with a token budget == verl 0.4.0's dynamic-bsz update on the same
+    inputs, 1-4 ranks of unequal lengths (24 completions per step). Measured: 0 relative difference (the same
+    forwards, partitions and weights), where weighting the micro-batches equally differs by > 1e-3."""
+    plan, trainer = _trainer(tmp_path, method, loss_agg_mode="token-mean-per-micro-batch", quantile_scope=scope)
+    for world in (1, 2, 3, 4):
+        ranks = [_step(24 // world, 10 * world + r) for r in range(world)]  # unequal lengths on every rank
+        got = _harness_step(trainer, ranks, 40, monkeypatch)
+        want = _verl_step(trainer, plan.objective, ranks, 40)
+        rel = _rel(got, want)
+        print(f"{method} {scope} world={world}: relative gradient difference {rel:.2e}")
+        assert rel < 1e-6, (world, rel)
+        if world == 1:
+            assert _rel(got, _verl_step(trainer, plan.objective, ranks, 40, uniform=True)) > 1e-3
+
+
+@pytest.mark.parametrize("method", [pytest.param("grpo", marks=pytest.mark.slow),
+                                    pytest.param("entropy20", marks=pytest.mark.slow),
+                                    pytest.param("justrl", marks=pytest.mark.slow), "stapo"])
+def test_token_budget_keeps_the_step_gradient(tmp_path, method):
+    """Default protocols (token-mean exact, grpo's seq-mean, mini-batch thresholds): token-budget micro-batches,
+    padded or packed, give the step gradient of one micro-batch holding the whole step."""
+    plan, trainer = _trainer(tmp_path, method)
+    inputs = _step(48, 7)
+    if plan.objective.kl_beta > 0:  # grpo's reference policy: any fixed log-probs
+        inputs["ref_per_token_logps"] = -5 * torch.rand(inputs["completion_ids"].shape, generator=torch.Generator())
+    model = trainer.model
+    with torch.no_grad():  # random init: every entropy within 3e-4 of log V, so fp32 noise would move tokens across
+        model.get_output_embeddings().weight.mul_(30.0)  # the mini-batch cut; a sharper head spreads them
+
+    def run(budget, packed) -> dict:
+        trainer.settings.micro_batch_tokens, trainer.settings.padding_free = budget, packed
+        if plan.objective.uses_thresholds:
+            with torch.no_grad():
+                ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+                mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+                width = inputs["completion_ids"].size(1)
+                lp, ent, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, width, compute_entropy=True)
+            trainer._thresholds = step_thresholds(plan.objective, logps=lp, entropies=ent,
+                                                  advantages=inputs["advantages"],
+                                                  completion_mask=inputs["completion_mask"])
+        model.zero_grad()
+        trainer._compute_loss(model, inputs).backward()
+        trainer._close_window(model)
+        return _grads(model)
+
+    whole = run(10_000, False)
+    padded, packed = run(40, False), run(40, True)
+    rel_padded, rel_packed = _rel(padded, whole), _rel(packed, whole)
+    print(f"{method}: budget 40 padded {rel_padded:.2e}, packed {rel_packed:.2e} vs one micro-batch")
+    logged = trainer._metrics["train"]  # the masks did work: 20-Entropy keeps ~20 %, STAPO silences some
+    if method == "entropy20":
+        assert all(0.15 < k < 0.3 for k in logged["kept_fraction"])
+    if method == "stapo":
+        assert all(s > 0 for s in logged["silenced_fraction"])
+    assert rel_padded < 1e-6 and rel_packed < 1e-6  # measured 3.2-3.6e-7 (fp32 summation order)
+
+
+def test_unshuffled_is_the_identity_only_inside():
+    import trl.trainer.grpo_trainer as grpo
+    from stapo import trl_compat
+
+    shuffle = grpo.shuffle_sequence_dict
+    batch = {"x": torch.arange(8)}
+    with trl_compat.unshuffled():
+        assert grpo.shuffle_sequence_dict(batch) is batch
+    assert grpo.shuffle_sequence_dict is shuffle
+
+
+@pytest.mark.parametrize("mini_batch", ["groups", pytest.param("shuffled", marks=pytest.mark.slow)])
+def test_training_with_a_token_budget_and_whole_groups(tmp_path, monkeypatch, mini_batch):
+    """A real run (tiny-qwen3): one rollout batch of 4 prompts × 4, two optimiser steps of 2 prompts, each split
+    into token-budget micro-batches, packed. With ``groups`` every step holds whole prompt groups in rollout order
+    (rows 4i..4i+3 share their prompt); TRL's shuffle mixes them."""
+    monkeypatch.setitem(REWARDS, "coin", coin_reward)
+    seen, parts = [], []
+    compute = T.StapoGRPOTrainer._compute_loss
+    partition = batching.token_budget_partitions
+
+    def spy_loss(self, model, inputs):
+        seen.append(inputs["prompt_ids"].clone())
+        return compute(self, model, inputs)
+
+    monkeypatch.setattr(T.StapoGRPOTrainer, "_compute_loss", spy_loss)
+    monkeypatch.setattr(batching, "token_budget_partitions", lambda *a, **k: parts.append(partition(*a, **k))
+                        or parts[-1])
+    recipe = tiny_recipe(max_steps=1, prompts_per_generation=4, prompts_per_step=2, micro_batch_tokens=300,
+                         padding_free=True, mini_batch=mini_batch)
+    plan = study.resolve_plan(recipe, "tiny-qwen3", "stapo")
+    T.train(plan, tmp_path)
+    rows = [r for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and len(seen) == 2 and all(s.size(0) == 8 for s in seen)  # TRL: the whole step at once
+    assert all(len(p) >= 2 for p in parts) and all(sorted(i for q in p for i in q) == list(range(8)) for p in parts)
+    groups = [all(torch.equal(s[i], s[i - i % 4]) for i in range(8)) for s in seen]
+    assert all(groups) if mini_batch == "groups" else not all(groups)
+    config = (tmp_path / "config.yaml").read_text()
+    assert "micro_batches: token_budget_packed" in config and "gradient_accumulation_steps: 1" in config
