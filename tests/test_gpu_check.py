@@ -50,8 +50,11 @@ def test_dry_run_builds_the_configs(gc, tmp_path, capsys):
     assert model["tokenizer_vocab"] <= model["vocab_size"]  # the real Qwen3 tokenizer fits the embedding
     plans = info["plans"]
     assert set(plans) == {"justrl", "stapo", "grpo"}
-    # 8 prompts x 8 rollouts, micro-batch 1 on one GPU: 64 accumulation steps, one rollout per optimiser step
-    assert (plans["stapo"]["gradient_accumulation_steps"], plans["stapo"]["steps_per_generation"]) == (64, 64)
+    # 8 prompts x 8 rollouts on one GPU with the paper's token-budget micro-batches (train.micro_batch_tokens,
+    # verl's dynamic bsz): TRL hands the whole 64-completion step over at once (no TRL accumulation), the trainer
+    # splits it under the budget; one rollout per optimiser step
+    assert (plans["stapo"]["gradient_accumulation_steps"], plans["stapo"]["steps_per_generation"]) == (1, 1)
+    assert plans["stapo"]["completions_per_step"] == 64
     assert plans["stapo"]["vllm"] == {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.5,
                                       "vllm_max_model_length": 1024 + 2048}
     assert plans["grpo"]["objective"] == "grpo"
