@@ -28,6 +28,7 @@ SUBCOMMANDS = {
     "eval": ("stapo.evaluate", "evaluate a model on one benchmark at one sampling setting (lm-eval)"),
     "report": ("stapo.report", "write results/table.md, scores.csv, table.tex and the figures"),
     "plan": ("stapo.plan", "job counts and estimated GPU-hours of a study before running it"),
+    "schema": ("stapo.study.schema", "print the study schema (YAML), generated from the section dataclasses"),
 }
 
 

@@ -23,6 +23,8 @@ import logging
 import random
 from pathlib import Path
 
+from stapo.fields import check_keys
+
 __all__ = ["PROMPT_SUFFIX", "PROMPT_STYLES", "EVAL_PROTOCOLS", "TRAIN_PROMPTS", "build_prompt", "prompt_text",
            "check_worked_example"]
 
@@ -222,9 +224,10 @@ def validate_source(source: dict) -> None:
     """Check a ``train.dataset`` mapping without loading it (file existence, names, keys)."""
     if not isinstance(source, dict) or ("name" in source) == ("path" in source):
         raise DatasetError("train.dataset: give exactly one of 'name' or 'path'")
-    unknown = set(source) - SOURCE_KEYS
-    if unknown:
-        raise DatasetError(f"train.dataset: unknown key(s) {sorted(unknown)}; expected some of {sorted(SOURCE_KEYS)}")
+    try:
+        check_keys(source, SOURCE_KEYS, "train.dataset")
+    except ValueError as err:
+        raise DatasetError(str(err)) from None
     if "path" in source and not Path(source["path"]).is_file():
         raise DatasetError(f"train.dataset.path: data file not found: {source['path']}")
     names = ("synthetic-arith", "dapo-math-17k", "dapo-math-17k-processed")

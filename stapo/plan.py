@@ -38,6 +38,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from stapo.fields import check_keys
+
 import yaml
 
 from stapo.atomic import atomic_write_json
@@ -196,10 +198,10 @@ def load_throughputs(path: str | Path | None = None, *, allow_cpu: bool = False,
             raise PlanError(f"--throughputs: {path}: not YAML ({str(err).splitlines()[0]})") from None
         if not isinstance(data, dict):
             raise PlanError(f"--throughputs: {path}: expected a mapping of throughputs")
-        known = set(Throughputs.__dataclass_fields__) - {"source"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise PlanError(f"{path}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+        try:
+            check_keys(data, set(Throughputs.__dataclass_fields__) - {"source"}, str(path))
+        except ValueError as err:
+            raise PlanError(str(err)) from None
     data.update(given)
     tp = Throughputs(**data, source=source)
     if tp.on_cpu and not allow_cpu:

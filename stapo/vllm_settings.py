@@ -28,6 +28,7 @@ import logging
 import os
 import sys
 import sysconfig
+from stapo.fields import check_keys
 from pathlib import Path
 
 from stapo.errors import ArgumentParser
@@ -97,10 +98,10 @@ def trl_vllm_kwargs(settings, device: str | None = None, *, check: bool = True) 
     defaults = {**DEVICE_DEFAULTS[device]["train"],
                 "max_model_length": settings.max_prompt_length + settings.max_completion_length}
     options = _overlay(defaults, getattr(settings, "vllm", None), "train.vllm")
-    unknown = sorted(set(options) - _trl_vllm_options())
-    if unknown:
-        raise ValueError(f"train.vllm: unknown key(s) {unknown}; expected some of {sorted(_trl_vllm_options())} "
-                         "(TRL's GRPOConfig vllm_* fields without the prefix)")
+    try:
+        check_keys(options, _trl_vllm_options(), "train.vllm")
+    except ValueError as err:
+        raise ValueError(f"{err} (TRL's GRPOConfig vllm_* fields without the prefix)") from None
     if getattr(settings, "vllm_gpu_memory_utilization", None) is not None:
         options["gpu_memory_utilization"] = settings.vllm_gpu_memory_utilization
     _check_fraction(options.get("gpu_memory_utilization"), "train.vllm_gpu_memory_utilization", device)

@@ -78,7 +78,7 @@ def test_validate_source_names_keys(tmp_path):
         validate_source({"name": "synthetic-arith", "path": "x"})
     with pytest.raises(DatasetError, match=r"train\.dataset\.name: unknown dataset 'gsm8k'"):
         validate_source({"name": "gsm8k"})
-    with pytest.raises(DatasetError, match=r"unknown key\(s\) \['size'\]"):
+    with pytest.raises(DatasetError, match=r"train.dataset.size: unknown key"):
         validate_source({"name": "synthetic-arith", "size": 3})
     with pytest.raises(DatasetError, match="data file not found"):
         validate_source({"path": str(tmp_path / "nope.jsonl")})

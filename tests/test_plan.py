@@ -105,7 +105,7 @@ def test_errors_name_the_fix(paper, tmp_path):
         P.estimate(jobs, config, P.Throughputs(rollout_tokens_per_s=1, train_tokens_per_s=1))
     bad = tmp_path / "tp.yaml"
     bad.write_text("rollout_tps: 3\n")
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['rollout_tps'\]"):
+    with pytest.raises(ValueError, match=r"rollout_tps: unknown key"):
         P.load_throughputs(bad)
     with pytest.raises(UserError, match="--configfile"):  # one line from the CLI, before the DAG is built
         P.workflow_jobs([tmp_path / "nope.yaml"], ROOT / "Snakefile")

@@ -7,7 +7,6 @@ import copy
 import csv
 import dataclasses
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stapo import cli, names, study
+from stapo import cli, fields, names, study
 from stapo.models import PAPER_MODELS
 from stapo.study.evaluation import BenchmarkEntry
 from stapo.methods import METHODS
@@ -242,9 +241,28 @@ def test_paper_table_keys_are_in_the_registry():
 @pytest.mark.parametrize("cls", [study.ModelEntry, study.ObjectiveConfig, study.TrainSettings, study.EvalSection,
                                  BenchmarkEntry, study.WorkflowSection])
 def test_every_field_is_documented(cls):
-    doc = cls.__doc__
-    missing = [f for f in _fields(cls) if not re.search(rf"\b{f}\b", doc)]
+    """A field's documentation is its metadata (stapo.fields.option), and the schema's description is that text."""
+    missing = [f.name for f in dataclasses.fields(cls) if f.name != "method" and len(f.metadata.get("help", "")) < 10]
     assert not missing, f"{cls.__name__}: undocumented fields {missing}"
+
+
+def test_the_schema_is_generated_from_the_dataclasses():
+    """The workflow catalog's schema file is the package's generated schema (regenerate: stapo schema --out ...);
+    a field's type, enum and description reach it from the field's one declaration."""
+    from stapo.study.schema import dump
+
+    regenerate = "run: stapo schema --out workflow/schemas/config.schema.yaml"
+    assert study.SCHEMA.read_text(encoding="utf-8") == dump(), regenerate
+    schema = study.study_schema()
+    train = schema["properties"]["train"]["properties"]
+    assert train["micro_batch_tokens"]["type"] == ["integer", "null"]
+    assert train["mini_batch"]["enum"] == ["groups", "shuffled"]
+    assert train["max_steps"]["maximum"] == 1_000_000  # stapo.limits' bound, with its reason
+    assert train["report_to"]["type"] == ["string", "array"]
+    assert schema["properties"]["models"]["additionalProperties"]["properties"]["train"]["properties"] == train
+    workflow = schema["properties"]["workflow"]["properties"]
+    assert workflow["keep_checkpoints"] == {"type": "boolean", "description": fields.doc(study.WorkflowSection,
+                                            "keep_checkpoints"), "default": True}
 
 
 def test_eval_section_lists_what_the_study_evaluates():

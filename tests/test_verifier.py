@@ -96,7 +96,7 @@ def test_prompt_is_compassverifiers_format_in_the_chat_template():
 def test_config_check_names_the_key():
     check_verifier_config(None)
     check_verifier_config({"model": "opencompass/CompassVerifier-3B", "max_new_tokens": 8})
-    with pytest.raises(ValueError, match=r"eval.verifier: unknown key\(s\) \['prompt'\]"):
+    with pytest.raises(ValueError, match=r"eval.verifier.prompt: unknown key"):
         check_verifier_config({"prompt": "x"})
     with pytest.raises(ValueError, match="eval.verifier.model"):
         check_verifier_config({"model": ""})

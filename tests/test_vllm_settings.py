@@ -45,7 +45,7 @@ def test_trl_kwargs_recipe_overrides_win():
 
 def test_trl_kwargs_off_and_bad_keys():
     assert V.trl_vllm_kwargs(settings(use_vllm=False), "cpu") == {"use_vllm": False}  # no vLLM check either
-    with pytest.raises(ValueError, match=r"train\.vllm: unknown key\(s\) \['gpu_mem'\]"):
+    with pytest.raises(ValueError, match=r"train\.vllm\.gpu_mem: unknown key; .*TRL's GRPOConfig vllm_\* fields"):
         V.trl_vllm_kwargs(settings(vllm={"gpu_mem": 0.3}), "cpu", check=False)
     with pytest.raises(ValueError, match=r"train\.vllm_gpu_memory_utilization: must be a fraction in \(0, 1\], "
                                          r"got 1.5"):

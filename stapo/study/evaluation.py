@@ -15,6 +15,8 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 
+from stapo.fields import check_keys, option
+
 from stapo.data import EVAL_PROTOCOLS, check_worked_example
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS, FILE_SAMPLES, SETTINGS
 
@@ -32,28 +34,21 @@ VERIFIER_KEYS = set(VERIFIER_DEFAULTS)
 
 @dataclass(frozen=True)
 class BenchmarkEntry:
-    """One entry of ``eval.benchmarks``.
+    """One entry of ``eval.benchmarks`` (null: the paper's settings of a shipped benchmark)."""
 
-    Attributes:
-        file: the benchmark's own jsonl (rows id, problem, answer; a path, relative to the working directory):
-            required for a key the registry (stapo.tasks.registry) does not ship; for a shipped one it replaces
-            ``eval.data_dir``'s file.
-        label: what tables and figures show (default: the registry's label, else the key).
-        samples: N samples per problem (avg@N); None = the paper's N for a shipped benchmark, else
-            ``FILE_SAMPLES`` (4).
-        limit: evaluate only the first N problems (overrides ``eval.limit``).
-        max_new_tokens: response budget (overrides ``eval.max_new_tokens``).
-        n, seed, difficulty: ``arith`` only: the generated problems (stapo.data.synthetic_arith_rows).
-    """
-
-    file: str | None = None
-    label: str | None = None
-    samples: int | None = None
-    limit: int | None = None
-    max_new_tokens: int | None = None
-    n: int | None = None
-    seed: int | None = None
-    difficulty: int | None = None
+    file: str | None = option(None, "the benchmark's own jsonl (rows id, problem, answer; a path relative to the "
+                              "working directory): required for a key stapo.tasks.registry does not ship; for a "
+                              "shipped one it replaces eval.data_dir's file", minLength=1)
+    label: str | None = option(None, "what tables and figures show (default: the registry's label, else the key)",
+                               minLength=1)
+    samples: int | None = option(None, "N samples per problem (avg@N); null = the paper's N for a shipped benchmark, "
+                                 "else FILE_SAMPLES (4)", minimum=1)
+    limit: int | None = option(None, "evaluate only the first N problems (overrides eval.limit)", minimum=1)
+    max_new_tokens: int | None = option(None, "response budget (overrides eval.max_new_tokens)", minimum=1)
+    n: int | None = option(None, "arith only: number of generated problems (stapo.data.synthetic_arith_rows)",
+                           minimum=1)
+    seed: int | None = option(None, "arith only: the generator's seed")
+    difficulty: int | None = option(None, "arith only: operand digits", minimum=1)
 
     @property
     def arith(self) -> dict:
@@ -63,67 +58,53 @@ class BenchmarkEntry:
 
 @dataclass(frozen=True)
 class EvalSection:
-    """The ``eval`` section.
+    """The ``eval`` section: the evaluation protocol (benchmarks x sampling settings, grading, backend)."""
 
-    Attributes:
-        backend: ``vllm`` (GPU; the paper's) or ``hf`` (transformers; CPU and tests), through lm-eval.
-        data_dir: where benchmark rows come from: None / ``bundled`` (the files in stapo/tasks/data), ``hub``, or
-            a directory of ``<benchmark>.jsonl`` files.
-        max_new_tokens: response budget in tokens (paper 20,480).
-        limit: evaluate only the first N problems of each benchmark (None = all).
-        benchmarks: the benchmarks evaluated: key -> :class:`BenchmarkEntry` (a shipped benchmark of
-            stapo.tasks.registry, or any key with its own ``file``; default all shipped ones).
-        settings: the sampling settings evaluated: key -> ``{temperature, top_p}`` and an optional ``label``
-            (default the paper's two, stapo.tasks.registry.SETTINGS).
-        hf: lm-eval ``hf`` model arguments (CPU defaults: batch size 8, float32).
-        vllm: lm-eval ``vllm`` model arguments over the device's defaults (stapo.vllm_settings.eval_engine_args).
-        verifier: the LLM-verifier stage (stapo.verifier), e.g. ``{model: opencompass/CompassVerifier-3B}``
-            (keys of ``VERIFIER_DEFAULTS``); None = rule grading only.
-        protocol: how the prompt, the rule stage, the gold and the verifier's inputs and verdicts are made (one of
-            ``stapo.data.EVAL_PROTOCOLS``). ``justrl`` (default, the paper's: it evaluates with JustRL's code,
-            thunlp/JustRL @ cf444e9 ``evals/gen_vllm.py``, ``evals/grade.py`` and ``evals/utils.py``): the problem
-            and the \\boxed{} instruction joined by one space in the model's chat template; the rule stage is
-            JustRL's ``grade_answer_verl`` (stapo.justrl_grading: the last \\boxed{}, mathd normalisation, then
-            sympy) against JustRL's gold strings (the benchmark rows' ``answer_raw``, else ``answer``); the
-            verifier is given an empty question (grade.py reads a ``question`` field its generation files do not
-            have) and that gold, and only a reply that is exactly ``A`` counts as correct. ``harness`` (this
-            harness's original protocol): a blank line between problem and instruction; the strict final box by
-            math-verify against the clean ``answer``; the verifier sees the problem and its reply is parsed
-            leniently (stapo.verifier.parse_verdict: ``A: CORRECT``, ``CORRECT``, ``\\boxed{A}``). Both rule
-            stages' verdicts are in every per-sample record either way (stapo.scoring.build_records). Recorded in each
-            summary's ``generation`` block and part of the generation cache's key.
-        worked_example: ``{problem, solution}``: one worked exchange shown before every problem's prompt
-            (stapo.data.build_prompt; the CPU miniature's model writes ``\\boxed{}`` only when shown how); None (the
-            paper) = none. Recorded in each summary's ``generation`` block and part of the generation cache's key.
-    """
-
-    backend: str = "vllm"
-    data_dir: str | None = None
-    max_new_tokens: int = 20480
-    limit: int | None = None
-    benchmarks: dict = field(default_factory=lambda: {k: BenchmarkEntry() for k in BENCHMARKS})
-    settings: dict = field(default_factory=lambda: copy.deepcopy(SETTINGS))
-    hf: dict = field(default_factory=lambda: {"batch_size": 8, "dtype": "float32"})
-    vllm: dict = field(default_factory=dict)
-    verifier: dict | None = None
-    protocol: str = "justrl"
-    worked_example: dict | None = None
+    backend: str = option("vllm", "vllm (GPU; the paper's) or hf (transformers; CPU and tests), through lm-eval",
+                          enum=list(BACKENDS))
+    data_dir: str | None = option(None, "where benchmark rows come from: null / bundled (the files in "
+                                  "stapo/tasks/data), hub, or a directory of <benchmark>.jsonl files")
+    max_new_tokens: int = option(20480, "response budget in tokens (paper 20,480)", minimum=1)
+    limit: int | None = option(None, "evaluate only the first N problems of each benchmark (null = all)", minimum=1)
+    benchmarks: dict = option(
+        help="the benchmarks evaluated: key -> BenchmarkEntry (a shipped benchmark of stapo.tasks.registry, or any "
+        "key with its own file; default all shipped ones)",
+        default_factory=lambda: {k: BenchmarkEntry() for k in BENCHMARKS},
+        type="object", minProperties=1, propertyNames={"pattern": "^[A-Za-z0-9_-]+$"})
+    settings: dict = option(
+        help="the sampling settings evaluated: key -> {temperature, top_p, label} (default the paper's two, "
+        "stapo.tasks.registry.SETTINGS)", default_factory=lambda: copy.deepcopy(SETTINGS), minProperties=1)
+    hf: dict = option(help="lm-eval hf model arguments (CPU defaults: batch_size 8, dtype float32; a mapping here "
+                      "keeps the other defaults)", default_factory=lambda: {"batch_size": 8, "dtype": "float32"})
+    vllm: dict = option(help="lm-eval vllm model arguments over the device's defaults "
+                        "(stapo.vllm_settings.eval_engine_args)", default_factory=dict)
+    verifier: dict | None = option(None, "the LLM-verifier stage (stapo.verifier), e.g. {model: "
+                                   "opencompass/CompassVerifier-3B} (keys of VERIFIER_DEFAULTS); null = rule grading "
+                                   "only")
+    protocol: str = option(
+        "justrl", "how the prompt, the rule stage, the gold and the verifier's inputs and verdicts are made. justrl "
+        "(default, the paper's: JustRL's code, thunlp/JustRL @ cf444e9 evals/gen_vllm.py, grade.py, utils.py): the "
+        "problem and the \\boxed{} instruction joined by one space in the chat template; the rule stage is JustRL's "
+        "grade_answer_verl (stapo.justrl_grading) against JustRL's gold strings (answer_raw, else answer); the "
+        "verifier gets an empty question and that gold, and only a reply that is exactly A counts. harness: a blank "
+        "line between problem and instruction; the strict final box by math-verify against the clean answer; the "
+        "verifier sees the problem and its reply is parsed leniently (stapo.verifier.parse_verdict). Both rule "
+        "stages' verdicts are in every per-sample record; recorded in each summary's generation block and part of "
+        "the generation cache's key", enum=list(EVAL_PROTOCOLS))
+    worked_example: dict | None = option(
+        None, "{problem, solution}: one worked exchange shown before every problem's prompt (stapo.data.build_prompt; "
+        "the CPU miniature's model writes \\boxed{} only when shown how); null (the paper) = none. Recorded in each "
+        "summary's generation block and part of the generation cache's key")
 
     @classmethod
     def from_dict(cls, section: dict | None) -> "EvalSection":
         """The section merged over the defaults and validated (ValueError naming ``eval.<key>``)."""
         section = dict(section or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(section) - known)
-        if unknown:
-            raise ValueError(f"eval: unknown key(s) {unknown}; expected some of {sorted(known)}")
+        check_keys(section, {f.name for f in dataclasses.fields(cls)}, "eval")
         base = cls()
         benchmarks = {} if "benchmarks" in section else dict(base.benchmarks)
         for key, entry in (section.pop("benchmarks", None) or {}).items():
-            fields_ = {f.name for f in dataclasses.fields(BenchmarkEntry)}
-            bad = sorted(set(entry or {}) - fields_)
-            if bad:
-                raise ValueError(f"eval.benchmarks.{key}: unknown key(s) {bad}; expected {sorted(fields_)}")
+            check_keys(entry or {}, {f.name for f in dataclasses.fields(BenchmarkEntry)}, f"eval.benchmarks.{key}")
             if key not in BENCHMARKS and not (entry or {}).get("file"):
                 raise ValueError(f"eval.benchmarks.{key}: not a shipped benchmark ({', '.join(BENCHMARKS)}): give "
                                  "its rows as file: <path.jsonl>")
@@ -192,9 +173,7 @@ def check_verifier_config(section) -> None:
     if not isinstance(section, dict):
         raise ValueError(f"eval.verifier: expected a mapping like {{model: {VERIFIER_DEFAULTS['model']}}}, "
                          f"got {type(section).__name__}")
-    unknown = set(section) - VERIFIER_KEYS
-    if unknown:
-        raise ValueError(f"eval.verifier: unknown key(s) {sorted(unknown)}; expected some of {sorted(VERIFIER_KEYS)}")
+    check_keys(section, VERIFIER_KEYS, "eval.verifier")
     model = section.get("model", VERIFIER_DEFAULTS["model"])
     if not isinstance(model, str) or not model.strip():
         raise ValueError(f"eval.verifier.model: expected a model id, path or bundled: spec, got {model!r}")

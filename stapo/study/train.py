@@ -15,116 +15,95 @@ and stapo.trainer splits it into token-budget micro-batches itself (stapo.batchi
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from stapo.fields import from_mapping, option
 from stapo.data import TRAIN_PROMPTS, DatasetError, check_worked_example, validate_source
 from stapo.limits import BOUNDS, check_bound
 from stapo.rewards import REWARDS
 
 __all__ = ["TrainSettings", "train_settings", "accumulation", "trl_micro_batch", "MINI_BATCHES"]
 
+MINI_BATCHES = ("groups", "shuffled")  # verl's whole groups in rollout order | TRL's completion-level shuffle
+
 
 @dataclass
 class TrainSettings:
-    """The ``train`` section of a recipe: the shared RL recipe (paper, Training Details; JustRL/DAPO scripts).
+    """The ``train`` section of a recipe: the shared RL recipe (paper, Training Details; JustRL/DAPO scripts). Values
+    are checked by :func:`train_settings` (and their sizes by stapo.limits)."""
 
-    Attributes:
-        dataset: training source, see stapo.data (``{name: dapo-math-17k}``, ``{name: synthetic-arith, ...}``,
-            ``{path: file.jsonl}``).
-        prompt: how a training row becomes the prompt (stapo.data.build_prompt): ``stripped`` (default; this
-            harness's: the DAPO-Math instruction wrapper stripped, the problem, a blank line, the paper's \\boxed{}
-            instruction) or ``justrl_raw`` (JustRL's: the raw DAPO-Math text, wrapper included, ``"\\n\\n"``, the
-            instruction; thunlp/JustRL train/verl/utils/dataset/rl_dataset.py ``use_boxed_suffix_prompt``).
-        reward: ``dapo_strict`` (paper: JustRL's DAPO verifier, ±1), ``dapo_lenient``, ``math_verify`` (±1) or
-            ``math_verify_01`` (1/0); see stapo.rewards.
-        max_steps: training steps in the paper's unit, rollout batches (verl steps; curves run past 3,000).
-        save_steps: checkpoint every N rollout steps (paper evaluates every 20). ``checkpoint-<N>`` directories
-            are named by TRL's optimiser step: rollout step × k (stapo.schedule).
-        save_total_limit: keep only the newest N checkpoints (None = all).
-        learning_rate, warmup_steps, lr_scheduler_type: AdamW, constant 1e-6 after 10 warm-up rollout steps; the
-            schedule advances once per rollout step, as verl's.
-        weight_decay: 0.1 (JustRL script). max_grad_norm: 1.0.
-        prompts_per_generation: prompts per rollout batch (paper 256). num_generations: rollouts per prompt (8).
-        prompts_per_step: prompts per optimiser step, the PPO mini-batch (paper 64).
-        per_device_train_batch_size: completions per micro-batch per process when ``micro_batch_tokens`` is None,
-            and the chunk of TRL's no-grad forwards (π_old, reference) either way.
-        micro_batch_tokens: token budget of a micro-batch per process (prompt + completion tokens; verl's
-            ``ppo_max_token_len_per_gpu`` with ``use_dynamic_bsz``; JustRL's script: 32,768); None = fixed
-            micro-batches of per_device_train_batch_size completions. stapo.batching: micro-batch count
-            ⌈tokens / budget⌉ (the largest over processes), Karmarkar–Karp balanced, as verl 0.4 does.
-        padding_free: token-budget micro-batches are packed into one row (position ids restart at every sequence;
-            no padding) instead of padded to their longest prompt and completion.
-        mini_batch: which completions make an optimiser step. ``groups``: whole prompt groups in rollout order
-            (verl's ``batch.split(ppo_mini_batch_size)``, shuffle off; each process's share of the step is whole
-            groups in the order it generated them); ``shuffled``: TRL's completion-level shuffle of the rollout
-            batch before it is split.
-        num_iterations: PPO epochs over each rollout batch (paper 1).
-        max_prompt_length: prompts longer than this (tokens) are dropped, as verl's filter_overlong_prompts (1,024).
-        max_completion_length: response budget in tokens (15,360).
-        temperature, top_p: rollout sampling (1.0, 1.0).
-        scale_rewards: TRL advantage scaling ("group": (r − mean) / std within the group, as GRPO/DAPO).
-        bf16: bf16 compute with fp32 master weights (module docstring); false on CPU.
-        gradient_checkpointing: recompute activations in the backward (GPU memory); false on CPU.
-        use_vllm, vllm_mode, vllm_gpu_memory_utilization: vLLM rollouts (colocated on GPU; off on CPU);
-            vllm_gpu_memory_utilization None = the device's default (stapo.vllm_settings: 0.5 GPU, 0.1 CPU).
-        vllm: further TRL ``vllm_*`` options, keys without the prefix (e.g. ``{enable_sleep_mode: true}``),
-            over the device defaults of stapo.vllm_settings.
-        seed: seeds model init-free RNG, sampling and the data order.
-        worked_example: ``{problem, solution}``: one worked exchange shown before every prompt (stapo.data.build_prompt;
-            the CPU miniature's SmolLM2-135M writes ``\\boxed{}`` only when shown how); None (the paper) = none.
-        report_to: experiment trackers, passed to TRL as ``report_to`` (``none``, the default, or one or a list of
-            ``tensorboard``, ``wandb``, ``trackio``, ``mlflow``, ... : transformers' integrations); the run name is
-            ``<model>/<method>/seed<seed>``. TensorBoard writes to ``<run dir>/runs/``; wandb / trackio read their
-            own environment (``WANDB_PROJECT``, ``WANDB_MODE=offline``, ...).
-        logging_steps: always 1 (metrics.jsonl has one line per optimiser step); kept for completeness.
-        diagnostics_every: every N optimiser steps, log the paper's token analysis (stapo.diagnostics: gradient
-            norm per probability × entropy quadrant, entropy quantiles, silenced-token examples); 0 = off.
-        diagnostics_examples: silenced-token examples written per diagnostics step.
-    """
-
-    dataset: dict = field(default_factory=lambda: {"name": "dapo-math-17k"})
-    prompt: str = "stripped"
-    reward: str = "dapo_strict"
-    max_steps: int = 3000
-    save_steps: int = 20
-    save_total_limit: int | None = None
-    learning_rate: float = 1e-6
-    warmup_steps: int = 10
-    lr_scheduler_type: str = "constant_with_warmup"
-    weight_decay: float = 0.1
-    max_grad_norm: float = 1.0
-    prompts_per_generation: int = 256
-    num_generations: int = 8
-    prompts_per_step: int = 64
-    per_device_train_batch_size: int = 1
-    micro_batch_tokens: int | None = None
-    padding_free: bool = False
-    mini_batch: str = "shuffled"
-    num_iterations: int = 1
-    max_prompt_length: int = 1024
-    max_completion_length: int = 15360
-    temperature: float = 1.0
-    top_p: float = 1.0
-    scale_rewards: str = "group"
-    bf16: bool = True
-    gradient_checkpointing: bool = True
-    use_vllm: bool = True
-    vllm_mode: str = "colocate"
-    vllm_gpu_memory_utilization: float | None = None
-    vllm: dict = field(default_factory=dict)
-    seed: int = 0
-    report_to: str | list[str] = "none"
-    worked_example: dict | None = None
-    logging_steps: int = 1
-    diagnostics_every: int = 0
-    diagnostics_examples: int = 8
+    dataset: dict = option(help="training source, see stapo.data ({name: dapo-math-17k}, {name: synthetic-arith, "
+                           "...}, {path: file.jsonl})", default_factory=lambda: {"name": "dapo-math-17k"})
+    prompt: str = option("stripped", "how a training row becomes the prompt (stapo.data.build_prompt): stripped "
+                         "(default; the DAPO-Math instruction wrapper stripped, the problem, a blank line, the paper's "
+                         "\\boxed{} instruction) or justrl_raw (JustRL's: the raw DAPO-Math text, wrapper included, "
+                         "two newlines, the instruction; thunlp/JustRL rl_dataset.py use_boxed_suffix_prompt)",
+                         enum=list(TRAIN_PROMPTS))
+    reward: str = option("dapo_strict", "dapo_strict (paper: JustRL's DAPO verifier, +-1), dapo_lenient, "
+                         "math_verify (+-1) or math_verify_01 (1/0); see stapo.rewards", enum=sorted(REWARDS))
+    max_steps: int = option(3000, "training steps in the paper's unit, rollout batches (verl steps; curves run past "
+                            "3,000)")
+    save_steps: int = option(20, "checkpoint every N rollout steps (paper evaluates every 20); checkpoint-<N> "
+                             "directories are named by TRL's optimiser step: rollout step x k (stapo.schedule)")
+    save_total_limit: int | None = option(None, "keep only the newest N checkpoints (null = all)")
+    learning_rate: float = option(1e-6, "AdamW learning rate (paper: constant 1e-6 after warm-up)")
+    warmup_steps: int = option(10, "warm-up rollout steps; the schedule advances once per rollout step, as verl's")
+    lr_scheduler_type: str = option("constant_with_warmup", "transformers' scheduler name")
+    weight_decay: float = option(0.1, "AdamW weight decay (JustRL script: 0.1)")
+    max_grad_norm: float = option(1.0, "gradient clipping norm (1.0)")
+    prompts_per_generation: int = option(256, "prompts per rollout batch (paper 256)")
+    num_generations: int = option(8, "rollouts per prompt (paper 8)")
+    prompts_per_step: int = option(64, "prompts per optimiser step, the PPO mini-batch (paper 64)")
+    per_device_train_batch_size: int = option(
+        1, "completions per micro-batch per process when micro_batch_tokens is null, and the chunk of TRL's no-grad "
+        "forwards (pi_old, reference) either way")
+    micro_batch_tokens: int | None = option(
+        None, "token budget of a micro-batch per process (prompt + completion tokens; verl's "
+        "ppo_max_token_len_per_gpu with use_dynamic_bsz; JustRL's script: 32,768); null = fixed micro-batches of "
+        "per_device_train_batch_size completions. stapo.batching: ceil(tokens / budget) micro-batches (the largest "
+        "over processes), Karmarkar-Karp balanced, as verl 0.4 does")
+    padding_free: bool = option(False, "token-budget micro-batches are packed into one row (position ids restart at "
+                                "every sequence; no padding) instead of padded to their longest prompt and completion")
+    mini_batch: str = option("shuffled", "which completions make an optimiser step: groups (whole prompt groups in "
+                             "rollout order, verl's batch.split(ppo_mini_batch_size), shuffle off) or shuffled (TRL's "
+                             "completion-level shuffle of the rollout batch before it is split)",
+                             enum=list(MINI_BATCHES))
+    num_iterations: int = option(1, "PPO epochs over each rollout batch (paper 1)")
+    max_prompt_length: int = option(1024, "prompts longer than this (tokens) are dropped, as verl's "
+                                    "filter_overlong_prompts (1,024)")
+    max_completion_length: int = option(15360, "response budget in tokens (15,360)")
+    temperature: float = option(1.0, "rollout sampling temperature (1.0)")
+    top_p: float = option(1.0, "rollout nucleus sampling (1.0)")
+    scale_rewards: str = option("group", "TRL advantage scaling (group: (r - mean) / std within the group, as "
+                                "GRPO/DAPO)")
+    bf16: bool = option(True, "bf16 compute with fp32 master weights; false on CPU")
+    gradient_checkpointing: bool = option(True, "recompute activations in the backward (GPU memory); false on CPU")
+    use_vllm: bool = option(True, "vLLM rollouts (colocated on GPU; off on CPU)")
+    vllm_mode: str = option("colocate", "TRL's vllm_mode")
+    vllm_gpu_memory_utilization: float | None = option(
+        None, "vLLM's memory fraction; null = the device's default (stapo.vllm_settings: 0.5 GPU, 0.1 CPU)")
+    vllm: dict = option(help="further TRL vllm_* options, keys without the prefix (e.g. {enable_sleep_mode: true}), "
+                        "over the device defaults of stapo.vllm_settings", default_factory=dict)
+    seed: int = option(0, "seeds sampling and the data order")
+    report_to: str | list[str] = option(
+        "none", "experiment trackers, passed to TRL as report_to (none, the default, or one or a list of "
+        "tensorboard, wandb, trackio, mlflow, ...: transformers' integrations); the run name is "
+        "<model>/<method>/seed<seed>. TensorBoard writes to <run dir>/runs/; wandb / trackio read their own "
+        "environment (WANDB_PROJECT, WANDB_MODE=offline, ...)")
+    worked_example: dict | None = option(
+        None, "{problem, solution}: one worked exchange shown before every prompt (stapo.data.build_prompt; the CPU "
+        "miniature's SmolLM2-135M writes \\boxed{} only when shown how); null (the paper) = none")
+    logging_steps: int = option(1, "always 1 (metrics.jsonl has one line per optimiser step); kept for completeness")
+    diagnostics_every: int = option(0, "every N optimiser steps, log the paper's token analysis (stapo.diagnostics: "
+                                    "gradient norm per probability x entropy quadrant, entropy quantiles, "
+                                    "silenced-token examples); 0 = off")
+    diagnostics_examples: int = option(8, "silenced-token examples written per diagnostics step")
 
 
 _POSITIVE = ("max_steps", "save_steps", "prompts_per_generation", "num_generations", "prompts_per_step",
              "per_device_train_batch_size", "num_iterations", "max_prompt_length", "max_completion_length")
 
 
-MINI_BATCHES = ("groups", "shuffled")  # verl's whole groups in rollout order | TRL's completion-level shuffle
 
 _NUMBERS = ("learning_rate", "weight_decay", "max_grad_norm", "temperature", "top_p")
 
@@ -197,11 +176,7 @@ def _validate_trackers(report_to, where: str) -> None:
 
 def train_settings(section: dict, where: str = "train") -> TrainSettings:
     """The validated TrainSettings of a ``train`` section (``where`` prefixes the key an error names)."""
-    known = {f.name for f in dataclasses.fields(TrainSettings)}
-    unknown = sorted(set(section) - known)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(known)}")
-    settings = TrainSettings(**section)
+    settings = from_mapping(TrainSettings, section, where)
     _validate(settings, where)
     return settings
 
