@@ -65,10 +65,13 @@ def _eval() -> dict:
 
 def _bound_numbers(node) -> None:
     """Every integer / number property named in stapo.limits.BOUNDS gets that bound (the reason as its
-    ``$comment``, which stapo.study's error messages quote)."""
+    ``$comment``, which stapo.study's error messages quote). Not inside a ``train`` section: train_settings checks
+    its bounds (stapo.limits.check_bound) for the section and its per-model / per-method overrides alike."""
     if not isinstance(node, dict):
         return
     for name, sub in (node.get("properties") or {}).items():
+        if name == "train":
+            continue
         types = sub.get("type") if isinstance(sub, dict) else None
         types = types if isinstance(types, list) else [types]
         if name in BOUNDS and {"integer", "number"} & set(types):
