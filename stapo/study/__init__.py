@@ -12,11 +12,12 @@ A study has six sections, each a dataclass whose fields are documented where the
     workflow  :class:`WorkflowSection`, what the Snakemake workflow runs and the resources it asks for
 
 :func:`parse` is the one validation: YAML syntax (:func:`load`, file:line:column), then the structure against the
-JSON schema generated from the section dataclasses (stapo.study.schema; ``workflow/schemas/config.schema.yaml``
-is its printout) (unknown keys at every level, types, the names of
-the declared methods), then every section's values (the dataclasses' checks) and the cross-section rules (every
-(model, method) plan and its TRL batch split, model specs; the checkpoints the workflow evaluates, named or
-``eval_every``, are ones the run saves and keeps; a local ``eval.data_dir`` holds every evaluated benchmark).
+JSON schema that stapo.study.schema generates from the section dataclasses (unknown keys at every level, types,
+enums, the names of the declared methods; ``stapo schema`` prints it, and workflow/schemas/config.schema.yaml is that
+printout), then every section's values (the dataclasses' checks) and the cross-section rules (every (model, method)
+plan and its TRL batch split, model specs; the checkpoints the workflow evaluates, named or ``eval_every``, are ones
+the run saves and keeps; a local ``eval.data_dir`` holds every evaluated benchmark). Modules: sections.py (models,
+workflow, Study, Plan), train.py, objective.py, evaluation.py (their sections), schema.py, read.py (load, parse).
 No torch: ``stapo train``, ``stapo eval``, ``stapo plan`` and the Snakefile (so ``snakemake -n``) run it before
 any model loads, and any error is a :class:`StudyError` whose one line names the file and the key.
 """
