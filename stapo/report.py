@@ -19,7 +19,8 @@ Outputs (under ``--out``, each written atomically):
                  rule-only, verifier-corrected and lenient-fallback accuracies, truncation and no-box rates, the
                  eval.protocol and the verifier (empty: none), the rule stage, both rule stages' accuracies and the
                  samples on which they differ; the average rows also average rule-only and corrected
-    figures/<model>_<kind>.{png,pdf}   for each of ``FIGURE_KINDS`` (what each plots: ``stapo.figures``)
+    figures/<model>_<kind>.{png,pdf}   for each kind of the one figure registry (stapo.figure_kinds), in its order:
+                 each of ``FIGURE_KINDS`` (what each plots: ``stapo.figures``)
     figures/<model>_<kind>.{png,pdf}, figures/spurious_ratio.{png,pdf}   the comparison figures
                  (``stapo.comparison_figures``: Pareto, τ_p / q sweeps, masking ablation, FullMask, spurious ratio)
                  whose methods the study has; a figure whose inputs are missing is skipped, with one line saying why
@@ -45,7 +46,8 @@ from stapo import study as stapo_study
 from stapo.atomic import atomic_write, check_creatable_dir
 from stapo import comparison_figures, cost_report, seed_report
 from stapo.errors import UserError
-from stapo.figures import CAPTIONS, FIGURE_KINDS, settings_order, write_figures  # FIGURE_KINDS: always written
+from stapo.figure_kinds import FigureInputs, figure_groups, write_figures
+from stapo.figures import FIGURE_KINDS, settings_order
 from stapo.names import BENCHMARKS, METHODS, MODELS, PAPER_BENCHMARKS, paper_key
 from stapo.results import (PAPER_CSV, RUN_PROTOCOL_KEYS, Score, load_examples, load_metrics, load_paper,
                            load_run_protocols, load_scores)
@@ -399,22 +401,20 @@ def render_examples(examples: dict, models: list[str], methods: list[str], study
 
 def render_figure_index(figures: list[tuple[str, str, str | None, str | None]], examples: str,
                         study: stapo_study.Study, notes: dict[str, list[str]] | None = None) -> str:
-    """results/figures.md: per figure group (``comparison_figures.GROUPS``) and kind, the paper figure it
-    reproduces, its caption and each model's files, or why it was not drawn; the examples table in group 5.
+    """results/figures.md: per figure group and kind (stapo.figure_kinds, in its order), the paper figure it
+    reproduces, its caption and each model's files, or why it was not drawn; then the examples table.
     ``figures``: ``[(file stem, kind, model or None, why skipped or None)]``; ``notes``: file stem -> lines under
     its link (a curve hidden under an identical one)."""
     notes = notes or {}
-    captions = {**CAPTIONS, **comparison_figures.CAPTIONS, **cost_report.CAPTIONS}
     lines = [f"# Figures — study `{study.name}`", "",
              "Written by `stapo report` (what each plots: stapo/figures.py, stapo/comparison_figures.py); tables: "
              "[table.md](table.md). A figure whose inputs the study or its runs lack is not drawn; its line says "
              "why.", ""]
-    for title, kinds in (("Training curves and token diagnostics", FIGURE_KINDS), *comparison_figures.GROUPS,
-                         *cost_report.GROUPS):
+    for title, kinds in figure_groups():
         lines += [f"## {title}", ""]
         for kind in kinds:
-            lines += [f"### `{kind}` — reproduces: {captions[kind][0]}", "", captions[kind][1], ""]
-            for stem, _, model, missing in (f for f in figures if f[1] == kind):
+            lines += [f"### `{kind.key}` — reproduces: {kind.reproduces}", "", kind.caption, ""]
+            for stem, _, model, missing in (f for f in figures if f[1] == kind.key):
                 where = study.label("models", model) if model else "all models"
                 lines.append(f"- {where}: " + (f"not drawn: {missing}" if missing else
                                                f"[png](figures/{stem}.png) · [pdf](figures/{stem}.pdf)"))
@@ -447,14 +447,13 @@ def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None 
                        | set(study.methods),
                        list(METHODS) + list(study.methods))
     diagnostics = load_metrics(runs_dir, "diagnostics.jsonl")
-    drawn = write_figures(out_dir, models, methods, scores, metrics, diagnostics, study)
+    drawn = write_figures(out_dir, FigureInputs(models, methods, scores, metrics, diagnostics, study))
     examples = render_examples(load_examples(runs_dir), models, methods, study,
                                diagnosed=any(rows for rows in diagnostics.values()))
     atomic_write(out_dir / "silenced_examples.md", examples)
+    cost_report.write_costs(out_dir, models, metrics, study)  # cost.md (its figure: time_breakdown, drawn above)
     figures = [f[:4] for f in drawn]
-    figures += comparison_figures.write_comparison_figures(out_dir, models, methods, scores, metrics, study)
     notes = {stem: lines for stem, _, _, _, lines in drawn if lines}
-    figures += cost_report.write_costs(out_dir, models, metrics, study)  # cost.md and the time breakdown
     atomic_write(out_dir / "figures.md", render_figure_index(figures, examples, study, notes))
     if any(s.n_seeds > 1 for s in scores):  # a several-seed study: each seed and the paired comparisons
         benchmarks = _ordered({s.benchmark for s in scores}, list(study.eval.benchmarks))
