@@ -1,4 +1,4 @@
-"""The one registry of the report's figures, and the one loop that writes them.
+"""The one registry of the report's figures, the one loop that writes them, and the index that lists them.
 
 Each kind is declared once, by the module that plots it (:func:`register_figure` at import), as a
 :class:`FigureKind`: what it plots (``series``: a stapo.figures.Panel), how it is drawn (``draw``), the paper figure
@@ -14,6 +14,10 @@ modules (``DECLARING``):
 order of results/figures.md and of the figures written, is ``GROUPS`` order, each group's kinds in the order its
 module declares them. Every kind is tried for every model (once for a study-wide kind); one whose panel is missing
 its inputs (``Panel.missing``) is not drawn, and an earlier report's files of it are removed.
+
+The index (results/figures.md, :func:`render_figure_index`): per group and kind, the paper figure it reproduces,
+its caption and each model's files or why it was not drawn; then the silenced-token examples page it links
+(results/silenced_examples.md, :func:`render_examples`: the paper's table of spurious tokens).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any, Callable
 from stapo.atomic import atomic_write
 
 __all__ = ["GROUPS", "DECLARING", "FigureInputs", "FigureKind", "FIGURES", "register_figure", "figure_kinds",
-           "figure_groups", "write_figures"]
+           "figure_groups", "write_figures", "NO_EXAMPLES", "render_examples", "render_figure_index"]
 
 # results/figures.md's groups, in order (a kind names its group by its title)
 GROUPS = ("Training curves and token diagnostics", "1. Accuracy vs entropy stability (Pareto)",
@@ -131,3 +135,69 @@ def write_figures(out_dir: str | Path, inputs: FigureInputs, kinds: list[FigureK
                 atomic_write(path, buf.getvalue())
             plt.close(fig)
     return written
+
+
+# ------------------------------------------------------------------------------------------------ the index
+
+
+NO_EXAMPLES = {False: "No examples logged: no run logged token diagnostics (set train.diagnostics_every > 0).",
+               True: "No examples: token diagnostics were logged (train.diagnostics_every), but at none of the logged "
+                     "steps did the S2T mask silence a token."}
+
+
+def render_examples(examples: dict, models: list[str], methods: list[str], study,
+                    per_run: int = 20, diagnosed: bool = False) -> str:
+    """Markdown table of logged silenced tokens (the paper's table of spurious-token examples); ``diagnosed``:
+    whether any run logged diagnostics (what an empty table says: :data:`NO_EXAMPLES`)."""
+    def esc(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", "⏎").replace("`", "'")
+
+    lines = ["# Silenced-token examples", "",
+             "Tokens the S2T mask silences (Â > 0, p < τ_p, H below the candidates' q-quantile), logged every "
+             "`train.diagnostics_every` steps, with the policy's top-5 alternatives at that position.", ""]
+    found = False
+    for model in models:
+        for method in methods:
+            rows = examples.get((model, method), [])[:per_run]
+            if not rows:
+                continue
+            found = True
+            lines += [f"## {study.label('models', model)} / {study.label('methods', method)}", "",
+                      "| step | context | token | p | H | Â | top-5 alternatives (p) |",
+                      "|---|---|---|---|---|---|---|"]
+            for r in rows:
+                top = ", ".join(f"`{esc(t['token'])}` {t['p']:.3f}" for t in r["top"])
+                lines.append(f"| {r['step']} | …{esc(r['context'][-60:])} | `{esc(r['token'])}` | {r['p']:.2e} | "
+                             f"{r['entropy']:.3f} | {r['advantage']:+.2f} | {top} |")
+            lines.append("")
+    if not found:
+        lines.append(NO_EXAMPLES[diagnosed])
+    return "\n".join(lines) + "\n"
+
+
+def render_figure_index(figures: list[tuple[str, str, str | None, str | None]], examples: str,
+                        study, notes: dict[str, list[str]] | None = None) -> str:
+    """results/figures.md: per figure group and kind, in the registry's order, the paper figure it
+    reproduces, its caption and each model's files, or why it was not drawn; then the examples table.
+    ``figures``: ``[(file stem, kind, model or None, why skipped or None)]``; ``notes``: file stem -> lines under
+    its link (a curve hidden under an identical one)."""
+    notes = notes or {}
+    lines = [f"# Figures — study `{study.name}`", "",
+             "Written by `stapo report` (what each plots: stapo/figures.py, stapo/comparison_figures.py); tables: "
+             "[table.md](table.md). A figure whose inputs the study or its runs lack is not drawn; its line says "
+             "why.", ""]
+    for title, kinds in figure_groups():
+        lines += [f"## {title}", ""]
+        for kind in kinds:
+            lines += [f"### `{kind.key}` — reproduces: {kind.reproduces}", "", kind.caption, ""]
+            for stem, _, model, missing in (f for f in figures if f[1] == kind.key):
+                where = study.label("models", model) if model else "all models"
+                lines.append(f"- {where}: " + (f"not drawn: {missing}" if missing else
+                                               f"[png](figures/{stem}.png) · [pdf](figures/{stem}.pdf)"))
+                lines += [f"  - note: {note}" for note in notes.get(stem, [])]
+            lines.append("")
+    logged = next((f" {text}" for text in NO_EXAMPLES.values() if text in examples), "")
+    lines += ["### Silenced-token examples — reproduces: the paper's examples of spurious tokens", "",
+              "[silenced_examples.md](silenced_examples.md): silenced tokens with their context, probability p, "
+              f"entropy H, advantage Â and the top-5 alternatives, per model and method.{logged}", ""]
+    return "\n".join(lines)

@@ -28,7 +28,7 @@ Outputs (under ``--out``, each written atomically):
                  tokens/s per GPU, MFU, peak memory (``stapo.cost_report``)
     silenced_examples.md   the logged silenced tokens: context, token, p, H, Â and the top-5 alternatives
     figures.md   the figure index: every figure with its caption and the paper figure it reproduces, and the
-                 skipped ones with why (linked from table.md)
+                 skipped ones with why (linked from table.md); it and silenced_examples.md: stapo.figure_kinds
 
 The table uses the ``final`` checkpoint of each trained method and ``base`` for the untrained model. Avg is the
 mean over the benchmarks present; its CI half-width is sqrt(Σ h_i²)/k (independent benchmarks, normal approx.).
@@ -46,16 +46,17 @@ from stapo import study as stapo_study
 from stapo.atomic import atomic_write, check_creatable_dir
 from stapo import comparison_figures, cost_report, seed_report
 from stapo.errors import UserError
-from stapo.figure_kinds import FigureInputs, figure_groups, write_figures
+from stapo.figure_kinds import FigureInputs, render_examples, render_figure_index, write_figures
 from stapo.figures import FIGURE_KINDS, settings_order
 from stapo.names import BENCHMARKS, METHODS, MODELS, PAPER_BENCHMARKS, paper_key
 from stapo.results import (PAPER_CSV, RUN_PROTOCOL_KEYS, Score, load_examples, load_metrics, load_paper,
                            load_run_protocols, load_scores)
 from stapo.scoring import RULE_STAGES
 
-# load_scores, load_metrics, load_paper, Score: stapo.results, importable here as before
+# load_scores, load_metrics, load_paper, Score: stapo.results; render_examples, render_figure_index:
+# stapo.figure_kinds (the pages listing the figures); importable here as before
 __all__ = ["add_arguments", "run", "load_scores", "load_metrics", "load_paper", "write_report", "FIGURE_KINDS",
-           "Score"]
+           "Score", "render_examples", "render_figure_index"]
 
 TABLE_CKPTS = ("final", "base")
 
@@ -362,69 +363,6 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
                             *(f"{v:.4f}" for v in avg), "", "", _fmt(p).replace("–", ""),
                             "" if p is None else f"{avg[0] - p:.4f}", opt(rule), opt(corrected)])
     return buf.getvalue()
-
-
-NO_EXAMPLES = {False: "No examples logged: no run logged token diagnostics (set train.diagnostics_every > 0).",
-               True: "No examples: token diagnostics were logged (train.diagnostics_every), but at none of the logged "
-                     "steps did the S2T mask silence a token."}
-
-
-def render_examples(examples: dict, models: list[str], methods: list[str], study: stapo_study.Study,
-                    per_run: int = 20, diagnosed: bool = False) -> str:
-    """Markdown table of logged silenced tokens (the paper's table of spurious-token examples); ``diagnosed``:
-    whether any run logged diagnostics (what an empty table says: :data:`NO_EXAMPLES`)."""
-    def esc(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", "⏎").replace("`", "'")
-
-    lines = ["# Silenced-token examples", "",
-             "Tokens the S2T mask silences (Â > 0, p < τ_p, H below the candidates' q-quantile), logged every "
-             "`train.diagnostics_every` steps, with the policy's top-5 alternatives at that position.", ""]
-    found = False
-    for model in models:
-        for method in methods:
-            rows = examples.get((model, method), [])[:per_run]
-            if not rows:
-                continue
-            found = True
-            lines += [f"## {study.label('models', model)} / {study.label('methods', method)}", "",
-                      "| step | context | token | p | H | Â | top-5 alternatives (p) |",
-                      "|---|---|---|---|---|---|---|"]
-            for r in rows:
-                top = ", ".join(f"`{esc(t['token'])}` {t['p']:.3f}" for t in r["top"])
-                lines.append(f"| {r['step']} | …{esc(r['context'][-60:])} | `{esc(r['token'])}` | {r['p']:.2e} | "
-                             f"{r['entropy']:.3f} | {r['advantage']:+.2f} | {top} |")
-            lines.append("")
-    if not found:
-        lines.append(NO_EXAMPLES[diagnosed])
-    return "\n".join(lines) + "\n"
-
-
-def render_figure_index(figures: list[tuple[str, str, str | None, str | None]], examples: str,
-                        study: stapo_study.Study, notes: dict[str, list[str]] | None = None) -> str:
-    """results/figures.md: per figure group and kind (stapo.figure_kinds, in its order), the paper figure it
-    reproduces, its caption and each model's files, or why it was not drawn; then the examples table.
-    ``figures``: ``[(file stem, kind, model or None, why skipped or None)]``; ``notes``: file stem -> lines under
-    its link (a curve hidden under an identical one)."""
-    notes = notes or {}
-    lines = [f"# Figures — study `{study.name}`", "",
-             "Written by `stapo report` (what each plots: stapo/figures.py, stapo/comparison_figures.py); tables: "
-             "[table.md](table.md). A figure whose inputs the study or its runs lack is not drawn; its line says "
-             "why.", ""]
-    for title, kinds in figure_groups():
-        lines += [f"## {title}", ""]
-        for kind in kinds:
-            lines += [f"### `{kind.key}` — reproduces: {kind.reproduces}", "", kind.caption, ""]
-            for stem, _, model, missing in (f for f in figures if f[1] == kind.key):
-                where = study.label("models", model) if model else "all models"
-                lines.append(f"- {where}: " + (f"not drawn: {missing}" if missing else
-                                               f"[png](figures/{stem}.png) · [pdf](figures/{stem}.pdf)"))
-                lines += [f"  - note: {note}" for note in notes.get(stem, [])]
-            lines.append("")
-    logged = next((f" {text}" for text in NO_EXAMPLES.values() if text in examples), "")
-    lines += ["### Silenced-token examples — reproduces: the paper's examples of spurious tokens", "",
-              "[silenced_examples.md](silenced_examples.md): silenced tokens with their context, probability p, "
-              f"entropy H, advantage Â and the top-5 alternatives, per model and method.{logged}", ""]
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------- entry points
