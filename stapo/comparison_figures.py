@@ -6,7 +6,8 @@ stapo.study.ObjectiveConfig gives its token mask (its declaration, stapo/methods
 methods share "the other parameters" when their ObjectiveConfig fields agree except ``method`` and ``seed`` (and the
 swept one). A method the report finds (runs/, scores/) but the study does not declare is its own objective, its key
 a declared method (stapo.study's rule for ``objective``). ``comparison_series`` returns a stapo.figures.Panel, as
-stapo.figures.figure_series does. Kinds, per model (``COMPARISON_KINDS``) unless noted:
+stapo.figures.figure_series does. Each kind is declared once, at the end of this module, in the report's one
+figure registry (stapo.figure_kinds). Kinds, per model (``COMPARISON_KINDS``) unless noted:
 
     pareto            one point per trained method: x = entropy instability (``ENTROPY_STABILITY``), y = final
                       accuracy on the curve benchmark at the study's first setting, with its 95 % CI; ``variant``
