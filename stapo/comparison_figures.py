@@ -6,7 +6,8 @@ stapo.study.ObjectiveConfig gives its token mask (its declaration, stapo/methods
 methods share "the other parameters" when their ObjectiveConfig fields agree except ``method`` and ``seed`` (and the
 swept one). A method the report finds (runs/, scores/) but the study does not declare is its own objective, its key
 a declared method (stapo.study's rule for ``objective``). ``comparison_series`` returns a stapo.figures.Panel, as
-stapo.figures.figure_series does. Kinds, per model (``COMPARISON_KINDS``) unless noted:
+stapo.figures.figure_series does. Each kind is declared once, at the end of this module, in the report's one
+figure registry (stapo.figure_kinds). Kinds, per model (``COMPARISON_KINDS``) unless noted:
 
     pareto            one point per trained method: x = entropy instability (``ENTROPY_STABILITY``), y = final
                       accuracy on the curve benchmark at the study's first setting, with its 95 % CI; ``variant``
@@ -32,23 +33,18 @@ Scores are final checkpoints at the study's first setting (the table's headline)
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 import statistics
-from pathlib import Path
-
 from stapo import study as stapo_study
-from stapo.atomic import atomic_write
+from stapo.figure_kinds import GROUPS, FIGURES, FigureInputs, FigureKind, register_figure
 from stapo.figures import (SILENCED_REFERENCE, STEP_LABEL, Panel, Series, curve_benchmark, settings_order, smooth,
                            mark_identical, step_of, step_series)
 from stapo.names import BENCHMARKS
 from stapo.study.objective import OBJECTIVES
 
-__all__ = ["COMPARISON_KINDS", "STUDY_KINDS", "GROUPS", "CAPTIONS", "ENTROPY_STABILITY", "MASKS", "comparison_series",
-           "entropy_instability", "masking_methods", "sweep_methods", "mean_ci", "write_comparison_figures"]
+__all__ = ["COMPARISON_KINDS", "STUDY_KINDS", "ENTROPY_STABILITY", "MASKS", "comparison_series",
+           "entropy_instability", "masking_methods", "sweep_methods", "mean_ci"]
 
-COMPARISON_KINDS = ("pareto", "sweep_tau_p", "sweep_q", "masking_accuracy", "masking_entropy", "fullmask")
-STUDY_KINDS = ("spurious_ratio",)
 MASKS = {"s2t": "low-entropy (STAPO)", "s2t_high": "high-entropy", "s2t_random": "random",
          "s2t_full": "all candidates (FullMask)"}  # token mask -> the masking strategy it is
 SWEEP_MASKS = ("s2t", "s2t_high", "s2t_random")
@@ -59,34 +55,6 @@ WARMUP_FRACTION = 0.1
 ENTROPY_STABILITY = ("entropy instability: the (population) standard deviation of the per-step mean token entropy "
                      "over the training steps after the first 10 % logged (nats; lower = more stable). The paper "
                      "does not define its \"entropy stability\" axis recoverably; this is our definition.")
-# the figure index's groups (results/figures.md): (title, kinds)
-GROUPS = (("1. Accuracy vs entropy stability (Pareto)", ("pareto",)),
-          ("2. Sensitivity sweeps: τ_p and q", ("sweep_tau_p", "sweep_q")),
-          ("3. Masking-strategy ablation", ("masking_accuracy", "masking_entropy")),
-          ("4. JustRL-FullMask: entropy and accuracy", ("fullmask",)),
-          ("5. Spurious-token ratio across model sizes, and examples", ("spurious_ratio",)))
-# kind -> (the paper's figure it reproduces, its caption in results/figures.md)
-CAPTIONS = {
-    "pareto": ("v4 Fig. 1b (Pareto frontier)", "Final accuracy on the curve benchmark (first setting, 95 % CI) vs "
-               "entropy instability, one point per trained method; the dashed line joins the Pareto frontier. "
-               + ENTROPY_STABILITY),
-    "sweep_tau_p": ("Ablations: τ_p sweep", "Final accuracy (curve benchmark and Avg, first setting, 95 % CI) vs "
-                    "τ_p, one line per masking strategy (token mask), over the methods whose other parameters "
-                    "agree; a strategy the study does not sweep is one point."),
-    "sweep_q": ("Ablations: q sweep", "Final accuracy (curve benchmark and Avg, first setting, 95 % CI) vs q (the "
-                "entropy quantile of τ_h), one line per masking strategy, over the methods whose other parameters "
-                "agree."),
-    "masking_accuracy": ("Ablations: which candidates to silence", "Final accuracy per benchmark and Avg (first "
-                         "setting, 95 % CI) of the masking strategies at equal other parameters: low-entropy "
-                         "(STAPO), high-entropy, random, all candidates (FullMask)."),
-    "masking_entropy": ("Ablations: which candidates to silence", "Mean token entropy vs training step of the "
-                        "masking strategies (the methods of the masking ablation)."),
-    "fullmask": ("JustRL-FullMask probe", "Each FullMask (s2t_full) method: mean token entropy (left axis) and "
-                 "curve-benchmark accuracy (right axis, curve setting, base model at step 0) vs training step."),
-    "spurious_ratio": ("spurious-token ratio across model sizes", "Silenced-token fraction vs training step of each "
-                       "model's STAPO (s2t) method, log scale, positive values; the 1e-4 line is the paper's "
-                       "typical level."),
-}
 
 
 # ------------------------------------------------------------------------------------------------ selection
@@ -307,17 +275,12 @@ def comparison_series(kind: str, model, scores: list, metrics: dict, methods: li
                       diagnostics: dict | None = None, study=None) -> Panel:
     """What comparison figure ``kind`` of ``model`` plots (module docstring), as stapo.figures.figure_series;
     ``model`` is the list of models for the ``STUDY_KINDS``. Raises ValueError for an unknown kind."""
-    study = study or stapo_study.default()
-    if kind == "pareto":
-        return _pareto(model, scores, metrics, methods, study)
-    if kind in SWEEPS:
-        return _sweep(kind, model, scores, metrics, methods, study)
-    builders = {"masking_accuracy": _masking_accuracy, "masking_entropy": _masking_entropy, "fullmask": _fullmask,
-                "spurious_ratio": _spurious}
-    if kind not in builders:
+    if kind not in COMPARISON_KINDS + STUDY_KINDS:
         raise ValueError(f"unknown comparison figure {kind!r}; expected one of "
                          f"{', '.join(COMPARISON_KINDS + STUDY_KINDS)}")
-    return builders[kind](model, scores, metrics, methods, study)
+    models = list(model) if kind in STUDY_KINDS else [model]
+    inputs = FigureInputs(models, methods, scores, metrics, diagnostics or {}, study or stapo_study.default())
+    return FIGURES[kind].series(model, inputs)
 
 
 # ------------------------------------------------------------------------------------------------ drawing
@@ -409,54 +372,64 @@ def _draw_fullmask(fig, panel: Panel, study) -> None:
     ax.legend(handles, [h.get_label() for h in handles], fontsize=7, frameon=False, loc="best")
 
 
-DRAW = {"pareto": _draw_pareto, "sweep_tau_p": _draw_sweep, "sweep_q": _draw_sweep,
-        "masking_accuracy": _draw_masking_accuracy, "masking_entropy": _draw_lines, "fullmask": _draw_fullmask,
-        "spurious_ratio": _draw_lines}
-TITLES = {"pareto": "accuracy vs entropy stability", "sweep_tau_p": "τ_p sweep", "sweep_q": "q sweep",
-          "masking_accuracy": "masking strategies, accuracy", "masking_entropy": "masking strategies, entropy",
-          "fullmask": "FullMask: entropy and accuracy", "spurious_ratio": "silenced-token fraction across models"}
+def _framed(body, title: str, wide: bool = False):
+    """A comparison kind's draw function: a figure (wide: the sweeps' two panels), ``body`` drawn on it and its
+    title, the model's label first (a study-wide figure, ``model`` None: the title alone)."""
+    def draw(panel: Panel, model, inputs: FigureInputs):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig = plt.figure(figsize=(9.0 if wide else 5.5, 3.6), dpi=120)
+        body(fig, panel, inputs.study)
+        where = "" if model is None else f"{inputs.study.label('models', model)}: "
+        fig.suptitle(f"{where}{title}", fontsize=10)
+        fig.tight_layout()
+        return fig
+
+    return draw
 
 
-def draw_comparison(panel: Panel, model, study):
-    """One matplotlib figure of a drawable panel (``panel.missing`` is None)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    wide = panel.kind in SWEEPS
-    fig = plt.figure(figsize=(9.0 if wide else 5.5, 3.6), dpi=120)
-    DRAW[panel.kind](fig, panel, study)
-    where = "" if panel.kind in STUDY_KINDS else f"{study.label('models', model)}: "
-    fig.suptitle(f"{where}{TITLES[panel.kind]}", fontsize=10)
-    fig.tight_layout()
-    return fig
+# ------------------------------------------------------------------------------------------------ the kinds
 
 
-def write_comparison_figures(out_dir: Path, models: list[str], methods: list[str], scores: list, metrics: dict,
-                             study=None) -> list[tuple[str, str, str | None, str | None]]:
-    """``out_dir/figures/<model>_<kind>.{png,pdf}`` (``spurious_ratio.{png,pdf}`` for the study-wide kind), each
-    written atomically; a skipped figure's files of an earlier report are removed. Returns
-    ``[(file stem, kind, model or None, why it was skipped or None)]`` in ``COMPARISON_KINDS`` order."""
-    import matplotlib.pyplot as plt
+COMPARISON_GROUPS = GROUPS[1:6]  # results/figures.md's groups 1-5
 
-    study = study or stapo_study.default()
-    jobs = [(f"{model}_{kind}", kind, model) for kind in COMPARISON_KINDS for model in models]
-    jobs += [(kind, kind, None) for kind in STUDY_KINDS]
-    written = []
-    for stem, kind, model in jobs:
-        panel = comparison_series(kind, model if model is not None else models, scores, metrics, methods,
-                                  study=study)
-        paths = [Path(out_dir) / "figures" / f"{stem}.{ext}" for ext in ("png", "pdf")]
-        if panel.missing:
-            for path in paths:
-                path.unlink(missing_ok=True)
-        else:
-            fig = draw_comparison(panel, model, study)
-            for path in paths:
-                buf = io.BytesIO()
-                fig.savefig(buf, format=path.suffix[1:])
-                atomic_write(path, buf.getvalue())
-            plt.close(fig)
-        written.append((stem, kind, model, panel.missing))
-    return written
+
+def _declare(key, group: int, build, draw, title: str, reproduces: str, caption: str, scope: str = "model") -> None:
+    """One comparison kind: ``build(model, scores, metrics, methods, study)`` plots it, ``draw`` draws it."""
+    register_figure(FigureKind(key, lambda model, i: build(model, i.scores, i.metrics, i.methods, i.study),
+                               _framed(draw, title, wide=key in SWEEPS), reproduces, caption, GROUPS[group], scope))
+
+
+def _sweep_of(kind: str):
+    return lambda model, scores, metrics, methods, study: _sweep(kind, model, scores, metrics, methods, study)
+
+
+_declare("pareto", 1, _pareto, _draw_pareto, "accuracy vs entropy stability", "v4 Fig. 1b (Pareto frontier)",
+         "Final accuracy on the curve benchmark (first setting, 95 % CI) vs entropy instability, one point per "
+         "trained method; the dashed line joins the Pareto frontier. " + ENTROPY_STABILITY)
+_declare("sweep_tau_p", 2, _sweep_of("sweep_tau_p"), _draw_sweep, "τ_p sweep", "Ablations: τ_p sweep",
+         "Final accuracy (curve benchmark and Avg, first setting, 95 % CI) vs τ_p, one line per masking strategy "
+         "(token mask), over the methods whose other parameters agree; a strategy the study does not sweep is one "
+         "point.")
+_declare("sweep_q", 2, _sweep_of("sweep_q"), _draw_sweep, "q sweep", "Ablations: q sweep",
+         "Final accuracy (curve benchmark and Avg, first setting, 95 % CI) vs q (the entropy quantile of τ_h), one "
+         "line per masking strategy, over the methods whose other parameters agree.")
+_declare("masking_accuracy", 3, _masking_accuracy, _draw_masking_accuracy, "masking strategies, accuracy",
+         "Ablations: which candidates to silence", "Final accuracy per benchmark and Avg (first setting, 95 % CI) "
+         "of the masking strategies at equal other parameters: low-entropy (STAPO), high-entropy, random, all "
+         "candidates (FullMask).")
+_declare("masking_entropy", 3, _masking_entropy, _draw_lines, "masking strategies, entropy",
+         "Ablations: which candidates to silence", "Mean token entropy vs training step of the masking strategies "
+         "(the methods of the masking ablation).")
+_declare("fullmask", 4, _fullmask, _draw_fullmask, "FullMask: entropy and accuracy", "JustRL-FullMask probe",
+         "Each FullMask (s2t_full) method: mean token entropy (left axis) and curve-benchmark accuracy (right axis, "
+         "curve setting, base model at step 0) vs training step.")
+_declare("spurious_ratio", 5, _spurious, _draw_lines, "silenced-token fraction across models",
+         "spurious-token ratio across model sizes", "Silenced-token fraction vs training step of each model's "
+         "STAPO (s2t) method, log scale, positive values; the 1e-4 line is the paper's typical level.",
+         scope="study")
+COMPARISON_KINDS = tuple(k for k, f in FIGURES.items() if f.group in COMPARISON_GROUPS and f.scope == "model")
+STUDY_KINDS = tuple(k for k, f in FIGURES.items() if f.group in COMPARISON_GROUPS and f.scope == "study")

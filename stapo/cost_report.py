@@ -10,27 +10,23 @@ seeds are separate runs):
     MFU              mean of the update's MFU; "—" where the run recorded no device peak (CPU)
     peak GiB         the highest peak allocated GPU memory of any step; "—" on CPU
 
-``time_breakdown`` (one figure per model): one horizontal bar per run, seconds per rollout step stacked by part.
-Runs logged before these fields existed have no timings: their row says so and they have no bar.
+``time_breakdown`` (one figure per model, declared at the end, in stapo.figure_kinds): one horizontal bar per run,
+seconds per rollout step stacked by part. Runs logged before these fields existed have no timings: their row says
+so and they have no bar.
 """
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 from stapo import study as stapo_study
 from stapo.atomic import atomic_write
+from stapo.figure_kinds import GROUPS, FigureKind, register_figure
 from stapo.figures import Panel, Series
 
-__all__ = ["PARTS", "GROUPS", "CAPTIONS", "run_cost", "render_cost_table", "time_breakdown", "write_costs"]
+__all__ = ["PARTS", "run_cost", "render_cost_table", "time_breakdown", "write_costs"]
 
 PARTS = {"gen_seconds": "generation", "forward_seconds": "π_old / ref forward", "update_seconds": "update"}
-GROUPS = (("6. Cost per training step", ("time_breakdown",)),)
-CAPTIONS = {"time_breakdown": ("the paper's 5–7 days per run on 64 GPUs (its cost)",
-                               "Seconds per training step (rollout batch) of each run, split into generation, the "
-                               "π_old / reference forward and the update (metrics.jsonl; stapo.step_cost). Table: "
-                               "[cost.md](cost.md).")}
 
 
 def _numbers(rows: list[dict], key: str) -> list[float]:
@@ -120,23 +116,17 @@ def _draw(panel: Panel, model: str, study):
     return fig
 
 
-def write_costs(out_dir: Path, models: list[str], metrics: dict, study) -> list[tuple]:
-    """Write cost.md and ``figures/<model>_time_breakdown.{png,pdf}``; return the figure entries of the index
-    (``(stem, kind, model, why skipped or None)``, as stapo.comparison_figures.write_comparison_figures)."""
-    import matplotlib.pyplot as plt
+def write_costs(out_dir: Path, models: list[str], metrics: dict, study) -> None:
+    """Write cost.md (the figure: ``time_breakdown``, written by stapo.figure_kinds.write_figures)."""
+    atomic_write(Path(out_dir) / "cost.md", render_cost_table(metrics, models, study))
 
-    out_dir = Path(out_dir)
-    atomic_write(out_dir / "cost.md", render_cost_table(metrics, models, study))
-    entries = []
-    for model in models:
-        panel = time_breakdown(metrics, model, sorted(run for m, run in metrics if m == model))
-        entries.append((f"{model}_time_breakdown", "time_breakdown", model, panel.missing))
-        if panel.missing:
-            continue
-        fig = _draw(panel, model, study)
-        for ext in ("png", "pdf"):
-            buf = io.BytesIO()
-            fig.savefig(buf, format=ext)
-            atomic_write(out_dir / "figures" / f"{model}_time_breakdown.{ext}", buf.getvalue())
-        plt.close(fig)
-    return entries
+
+def _model_breakdown(model: str, inputs) -> Panel:
+    return time_breakdown(inputs.metrics, model, sorted(run for m, run in inputs.metrics if m == model))
+
+
+register_figure(FigureKind(
+    "time_breakdown", _model_breakdown, lambda panel, model, inputs: _draw(panel, model, inputs.study),
+    "the paper's 5–7 days per run on 64 GPUs (its cost)", "Seconds per training step (rollout batch) of each run, "
+    "split into generation, the π_old / reference forward and the update (metrics.jsonl; stapo.step_cost). Table: "
+    "[cost.md](cost.md).", GROUPS[6]))

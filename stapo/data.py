@@ -24,6 +24,7 @@ import random
 from pathlib import Path
 
 from stapo.fields import check_keys
+from stapo.jsonl import JsonlError, jsonl_records
 
 __all__ = ["PROMPT_SUFFIX", "PROMPT_STYLES", "EVAL_PROTOCOLS", "TRAIN_PROMPTS", "build_prompt", "prompt_text",
            "check_worked_example"]
@@ -151,18 +152,12 @@ def read_rows(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"train.dataset.path: data file not found: {path}")
-    if path.suffix == ".jsonl":
-        rows = []
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DatasetError(f"{path}:{lineno}: invalid JSON ({err.msg})") from None
-                rows.append(_check_row(obj, f"{path}:{lineno}"))
-        return rows
+    if path.suffix == ".jsonl":  # stapo.jsonl's policy: a file written whole, so any bad line is an error
+        try:
+            records = jsonl_records(path)
+        except JsonlError as err:
+            raise DatasetError(str(err)) from None
+        return [_check_row(r.row, f"{path}:{r.line}") for r in records]
     if path.suffix == ".json":
         data = json.loads(path.read_text(encoding="utf-8"))
         return [_check_row(obj, f"{path}: row {i}") for i, obj in enumerate(data)]

@@ -2,7 +2,8 @@
 
 ``figure_series(kind, model, scores, metrics, methods, diagnostics)`` returns a :class:`Panel`: the series of one
 figure, in drawing order, with its axis labels; ``draw_figure`` draws exactly that and nothing it computes itself.
-Kinds (``FIGURE_KINDS``), all methods of one model in one panel:
+Each kind is declared once, at the end of this module, in the report's one figure registry (stapo.figure_kinds:
+series, drawing, caption; its loop writes them). Kinds (``FIGURE_KINDS``), all methods of one model in one panel:
 
     entropy, reward     ``entropy_mean`` / ``reward_mean`` of metrics.jsonl vs training step
     silenced            ``silenced_fraction`` vs step (log scale, the positive values only; a 1e-4 reference line)
@@ -22,19 +23,16 @@ ablation, FullMask, spurious ratio across models) are stapo.comparison_figures, 
 
 from __future__ import annotations
 
-import io
 import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from stapo import study as stapo_study
-from stapo.atomic import atomic_write
+from stapo.figure_kinds import GROUPS, FIGURES, FigureInputs, FigureKind, register_figure
 
-__all__ = ["FIGURE_KINDS", "CAPTIONS", "Series", "Panel", "figure_series", "draw_figure", "write_figures",
-           "mark_identical", "STEP_LABEL", "settings_order", "curve_benchmark"]
+__all__ = ["FIGURE_KINDS", "Series", "Panel", "figure_series", "draw_figure", "mark_identical", "STEP_LABEL",
+           "settings_order", "curve_benchmark"]
 
-FIGURE_KINDS = ("entropy", "reward", "accuracy", "silenced", "quadrants", "entropy_quantiles")
 STEP_LABEL = "training step (rollout batches)"
 METRIC_PANELS = {"entropy": ("entropy_mean", "mean token entropy (nats)"),
                  "reward": ("reward_mean", "training reward (mean)"),
@@ -45,24 +43,6 @@ QUANTILE_KEYS = ("entropy_q10", "entropy_q25", "entropy_q50", "entropy_q75", "en
 SILENCED_REFERENCE = 1e-4  # the silenced figure's horizontal reference line
 NO_DIAGNOSTICS = ("no token diagnostics logged (runs/<model>/<method>/diagnostics.jsonl): set "
                   "train.diagnostics_every > 0")
-# kind -> (the paper's figure it reproduces, its caption in results/figures.md)
-CAPTIONS = {
-    "entropy": ("Fig. 1a, training curves", "Mean token entropy vs training step, every method (several seeds: "
-                "their mean, shaded: their range)."),
-    "reward": ("training curves", "Training reward (mean) vs training step, every method (several seeds: their "
-               "mean, shaded: their range)."),
-    "accuracy": ("AIME24 vs step", "Accuracy vs training step on the curve benchmark, per method and sampling "
-                 "setting; step 0 is the base model (several seeds: their mean, shaded: its 95 % CI over seeds "
-                 "and problems)."),
-    "silenced": ("spurious-token ratio", "Silenced-token fraction vs step (log scale, positive values only; "
-                 "the 1e-4 line is the paper's typical level)."),
-    "quadrants": ("gradient norm per quadrant", "Mean closed-form ‖∇ₐJ‖ of positive-advantage tokens per "
-                  "probability × entropy quadrant (needs train.diagnostics_every > 0)."),
-    "entropy_quantiles": ("token-entropy quantiles", "Token-entropy quantiles 10/25/50/75/90 % vs step (needs "
-                          "train.diagnostics_every > 0)."),
-}
-
-
 @dataclass(frozen=True)
 class Series:
     """One drawn series of a method.
@@ -294,18 +274,13 @@ def figure_series(kind: str, model: str, scores: list, metrics: dict, methods: l
     """What figure ``kind`` of ``model`` plots (module docstring); ``methods`` in their drawing order.
 
     ``scores``: the report's Score records; ``metrics`` / ``diagnostics``: ``(model, method) -> rows`` of
-    metrics.jsonl / diagnostics.jsonl (``stapo.report.load_metrics``); ``study``: a stapo.study.Study (default:
+    metrics.jsonl / diagnostics.jsonl (``stapo.results.load_metrics``); ``study``: a stapo.study.Study (default:
     the paper's defaults). Raises ValueError for an unknown kind.
     """
-    if kind in METRIC_PANELS:
-        return _metric_series(kind, metrics, model, methods)
-    if kind == "accuracy":
-        return _accuracy_series(scores, metrics, model, methods, study or stapo_study.default())
-    if kind == "quadrants":
-        return _quadrant_series(diagnostics or {}, model, methods)
-    if kind == "entropy_quantiles":
-        return _quantile_series(diagnostics or {}, model, methods)
-    raise ValueError(f"unknown figure kind {kind!r}; expected one of {', '.join(FIGURE_KINDS)}")
+    if kind not in FIGURE_KINDS:
+        raise ValueError(f"unknown figure kind {kind!r}; expected one of {', '.join(FIGURE_KINDS)}")
+    inputs = FigureInputs([model], methods, scores, metrics, diagnostics or {}, study or stapo_study.default())
+    return FIGURES[kind].series(model, inputs)
 
 
 # ------------------------------------------------------------------------------------------------ drawing
@@ -394,29 +369,32 @@ def draw_figure(kind: str, model: str, scores: list, metrics: dict, methods: lis
     return fig
 
 
-def write_figures(out_dir: Path, models: list[str], methods: list[str], scores: list, metrics: dict,
-                  diagnostics: dict | None = None, study=None) -> list[tuple[str, str, str, str | None, list[str]]]:
-    """``out_dir/figures/<model>_<kind>.{png,pdf}`` for every model and kind with something to show, each written
-    atomically; a figure from an earlier report that is not drawn now is removed. Returns
-    ``[(file stem, kind, model, why not drawn or None, notes)]`` for results/figures.md."""
-    import matplotlib.pyplot as plt
+def _draw_kind(panel: Panel, model: str, inputs: FigureInputs):
+    return draw_figure(panel.kind, model, inputs.scores, inputs.metrics, inputs.methods, inputs.diagnostics,
+                       inputs.study, panel)
 
-    study = study or stapo_study.default()
-    written = []
-    for model in models:
-        for kind in FIGURE_KINDS:
-            stem = f"{model}_{kind}"
-            panel = figure_series(kind, model, scores, metrics, methods, diagnostics, study)
-            notes = [] if panel.missing else panel.notes(lambda m: study.label("methods", m))
-            written.append((stem, kind, model, panel.missing, notes))
-            if panel.missing:
-                for ext in ("png", "pdf"):
-                    (Path(out_dir) / "figures" / f"{stem}.{ext}").unlink(missing_ok=True)
-                continue
-            fig = draw_figure(kind, model, scores, metrics, methods, diagnostics, study, panel)
-            for ext in ("png", "pdf"):
-                buf = io.BytesIO()
-                fig.savefig(buf, format=ext)
-                atomic_write(Path(out_dir) / "figures" / f"{stem}.{ext}", buf.getvalue())
-            plt.close(fig)
-    return written
+
+# ------------------------------------------------------------------------------------------------ the kinds
+
+
+def _declare(key: str, series, reproduces: str, caption: str) -> None:
+    register_figure(FigureKind(key, series, _draw_kind, reproduces, caption, GROUPS[0]))
+
+
+_declare("entropy", lambda model, i: _metric_series("entropy", i.metrics, model, i.methods), "Fig. 1a, training curves",
+         "Mean token entropy vs training step, every method (several seeds: their mean, shaded: their range).")
+_declare("reward", lambda model, i: _metric_series("reward", i.metrics, model, i.methods), "training curves",
+         "Training reward (mean) vs training step, every method (several seeds: their mean, shaded: their range).")
+_declare("accuracy", lambda model, i: _accuracy_series(i.scores, i.metrics, model, i.methods, i.study),
+         "AIME24 vs step", "Accuracy vs training step on the curve benchmark, per method and sampling setting; step 0 "
+         "is the base model (several seeds: their mean, shaded: its 95 % CI over seeds and problems).")
+_declare("silenced", lambda model, i: _metric_series("silenced", i.metrics, model, i.methods), "spurious-token ratio",
+         "Silenced-token fraction vs step (log scale, positive values only; the 1e-4 line is the paper's typical "
+         "level).")
+_declare("quadrants", lambda model, i: _quadrant_series(i.diagnostics, model, i.methods), "gradient norm per quadrant",
+         "Mean closed-form ‖∇ₐJ‖ of positive-advantage tokens per probability × entropy quadrant (needs "
+         "train.diagnostics_every > 0).")
+_declare("entropy_quantiles", lambda model, i: _quantile_series(i.diagnostics, model, i.methods),
+         "token-entropy quantiles", "Token-entropy quantiles 10/25/50/75/90 % vs step (needs "
+         "train.diagnostics_every > 0).")
+FIGURE_KINDS = tuple(k for k, kind in FIGURES.items() if kind.group == GROUPS[0])  # always tried, per model

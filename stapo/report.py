@@ -1,6 +1,6 @@
 """``stapo report``: the paper's Table 2 and training figures from score summaries and training metrics.
 
-Inputs:
+Inputs (read by stapo.results):
     scores/<model>/<method>/<ckpt>/<benchmark>/<setting>.summary.json   one evaluation (``stapo eval``)
     runs/<model>/<method>/metrics.jsonl                                 one line per optimiser step (``stapo train``)
     runs/<model>/<method>/diagnostics.jsonl, silenced_examples.jsonl   token diagnostics (train.diagnostics_every)
@@ -19,7 +19,8 @@ Outputs (under ``--out``, each written atomically):
                  rule-only, verifier-corrected and lenient-fallback accuracies, truncation and no-box rates, the
                  eval.protocol and the verifier (empty: none), the rule stage, both rule stages' accuracies and the
                  samples on which they differ; the average rows also average rule-only and corrected
-    figures/<model>_<kind>.{png,pdf}   for each of ``FIGURE_KINDS`` (what each plots: ``stapo.figures``)
+    figures/<model>_<kind>.{png,pdf}   for each kind of the one figure registry (stapo.figure_kinds), in its order:
+                 each of ``FIGURE_KINDS`` (what each plots: ``stapo.figures``)
     figures/<model>_<kind>.{png,pdf}, figures/spurious_ratio.{png,pdf}   the comparison figures
                  (``stapo.comparison_figures``: Pareto, τ_p / q sweeps, masking ablation, FullMask, spurious ratio)
                  whose methods the study has; a figure whose inputs are missing is skipped, with one line saying why
@@ -27,7 +28,7 @@ Outputs (under ``--out``, each written atomically):
                  tokens/s per GPU, MFU, peak memory (``stapo.cost_report``)
     silenced_examples.md   the logged silenced tokens: context, token, p, H, Â and the top-5 alternatives
     figures.md   the figure index: every figure with its caption and the paper figure it reproduces, and the
-                 skipped ones with why (linked from table.md)
+                 skipped ones with why (linked from table.md); it and silenced_examples.md: stapo.figure_kinds
 
 The table uses the ``final`` checkpoint of each trained method and ``base`` for the untrained model. Avg is the
 mean over the benchmarks present; its CI half-width is sqrt(Σ h_i²)/k (independent benchmarks, normal approx.).
@@ -39,200 +40,28 @@ from __future__ import annotations
 
 import csv
 import io
-import json
-from dataclasses import dataclass
 from pathlib import Path
-
-import yaml
 
 from stapo import study as stapo_study
 from stapo.atomic import atomic_write, check_creatable_dir
 from stapo import comparison_figures, cost_report, seed_report
 from stapo.errors import UserError
-from stapo.figures import CAPTIONS, FIGURE_KINDS, settings_order, write_figures  # FIGURE_KINDS: always written
-from stapo.scoring import RULE_STAGES, DamagedScores
-from stapo.seed_statistics import seed_cell
-from stapo.names import BENCHMARKS, METHODS, MODELS, PAPER_BENCHMARKS, SETTINGS, paper_key
+from stapo.figure_kinds import FigureInputs, render_examples, render_figure_index, write_figures
+from stapo.figures import FIGURE_KINDS, settings_order
+from stapo.names import BENCHMARKS, METHODS, MODELS, PAPER_BENCHMARKS, paper_key
+from stapo.results import (PAPER_CSV, RUN_PROTOCOL_KEYS, Score, load_examples, load_metrics, load_paper,
+                           load_run_protocols, load_scores)
+from stapo.scoring import RULE_STAGES
 
-__all__ = ["add_arguments", "run", "load_scores", "load_metrics", "load_paper", "write_report", "FIGURE_KINDS"]
+# load_scores, load_metrics, load_paper, Score: stapo.results; render_examples, render_figure_index:
+# stapo.figure_kinds (the pages listing the figures); importable here as before
+__all__ = ["add_arguments", "run", "load_scores", "load_metrics", "load_paper", "write_report", "FIGURE_KINDS",
+           "Score", "render_examples", "render_figure_index"]
 
-PAPER_CSV = Path(__file__).parent / "reference" / "paper_v2_table.csv"
 TABLE_CKPTS = ("final", "base")
 
 
-@dataclass(frozen=True)
-class Score:
-    """One evaluation: accuracy avg@n (%) and its 95 % CI."""
-
-    model: str
-    method: str
-    ckpt: str
-    benchmark: str
-    setting: str
-    accuracy: float
-    ci_lo: float
-    ci_hi: float
-    n_samples: int | None = None
-    problems: int | None = None
-    rule_accuracy: float | None = None  # strict rule grade (== accuracy without a verifier)
-    corrected_accuracy: float | None = None  # rule grade corrected by the LLM verifier (None: no verifier)
-    fallback_accuracy: float | None = None  # the lenient fallback diagnostic
-    truncation_rate: float | None = None  # % of samples that hit max_new_tokens
-    no_box_rate: float | None = None  # % of samples without a final \boxed{}
-    protocol: str | None = None  # eval.protocol of the evaluation (None: a summary from before it was recorded)
-    verifier_model: str | None = None  # the LLM verifier that corrected it (None: rule grading only)
-    n_seeds: int = 1  # several: the mean over seeds, its CI over seeds and problems (stapo.seed_report)
-    rule_stage: str | None = None  # the rule stage rule_accuracy is (stapo.scoring.RULE_STAGES; None: math-verify,
-    #                                from before the summary recorded it)
-    rule_justrl: float | None = None  # each rule stage's avg@n (None: not recorded)
-    rule_harness: float | None = None
-    rule_moved: int | None = None  # samples on which the two rule stages disagree
-
-
-# ---------------------------------------------------------------------------------------------- loading
-
-
-def load_scores(scores_dir: str | Path) -> list[Score]:
-    """Every ``<model>/<method>/<ckpt>/<benchmark>/<setting>.summary.json`` under ``scores_dir``, and one cell per
-    (model, method, ckpt, benchmark, setting) of a several-seed study's ``<model>/<method>/seed<k>/...``: the mean
-    over seeds with its CI over seeds and problems (:func:`_across_seeds`)."""
-    scores = []
-    for path in sorted(Path(scores_dir).glob("*/*/*/*/*.summary.json")):
-        scores.append(_read_summary(path, *path.relative_to(scores_dir).parts[:4]))
-    per_seed: dict[tuple, list[Score]] = {}
-    for path in sorted(Path(scores_dir).glob("*/*/seed*/*/*/*.summary.json")):
-        model, method, _, ckpt, benchmark = path.relative_to(scores_dir).parts[:5]
-        score = _read_summary(path, model, method, ckpt, benchmark)
-        per_seed.setdefault((model, method, ckpt, benchmark, score.setting), []).append(score)
-    return scores + _across_seeds(scores_dir, per_seed)
-
-
-def _read_summary(path: Path, model: str, method: str, ckpt: str, benchmark: str) -> Score:
-    setting = path.name[: -len(".summary.json")]
-    try:
-        s = json.loads(path.read_text(encoding="utf-8"))
-        rule = float(s["avg_at_n"])
-        corrected = s.get("avg_at_n_corrected")
-        acc = rule if corrected is None else float(corrected)  # the paper reports verifier-corrected
-        ci = (s.get("ci95") if corrected is None else s.get("ci95_corrected")) or (acc, acc)
-        lo, hi = (float(v) for v in ci)
-    except (ValueError, KeyError, TypeError) as e:
-        raise DamagedScores(f"{path}: not a score summary (need avg_at_n and ci95): {e}") from None
-    verifier = (s.get("verifier") or {}).get("model") if corrected is not None else None
-    generation = s.get("generation") or {}
-    protocol = generation.get("protocol")
-    if protocol and generation.get("worked_example"):  # eval.worked_example (the CPU miniature's prompt)
-        protocol += " + worked example"
-    return Score(model, method, ckpt, benchmark, setting, acc, lo, hi, s.get("n_samples"), s.get("problems"), rule,
-                 None if corrected is None else acc, s.get("avg_at_n_fallback"), s.get("truncation_rate"),
-                 s.get("no_box_rate"), protocol, verifier, rule_stage=s.get("rule_stage"),
-                 rule_justrl=s.get("avg_at_n_justrl"), rule_harness=s.get("avg_at_n_harness"),
-                 rule_moved=s.get("rule_moved"))
-
-
-def _mean(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
-
-
-def _across_seeds(scores_dir, per_seed: dict[tuple, list[Score]]) -> list[Score]:
-    """One Score per several-seed cell: accuracy = mean over seeds and problems of the per-sample verdicts, CI
-    from the two-stage bootstrap (stapo.seed_statistics); rates: the seeds' mean."""
-    if not per_seed:
-        return []
-    cells = seed_report.seed_cells(scores_dir)
-    out = []
-    for key, group in per_seed.items():
-        samples = cells.get(key)
-        if samples is None:
-            where = f"{scores_dir}/{key[0]}/{key[1]}/seed*/{key[2]}/{key[3]}/{key[4]}.jsonl"
-            raise DamagedScores(f"{where}: the per-sample files of a several-seed cell are missing (its summaries "
-                                "are there)")
-        head, rule = seed_cell(samples.headline), seed_cell(samples.rule)
-        out.append(Score(*key, head.mean, head.lo, head.hi, group[0].n_samples, group[0].problems, rule.mean,
-                         head.mean if samples.corrected is not None else None,
-                         _mean(g.fallback_accuracy for g in group), _mean(g.truncation_rate for g in group),
-                         _mean(g.no_box_rate for g in group), group[0].protocol, group[0].verifier_model,
-                         n_seeds=len(samples.seeds), rule_stage=group[0].rule_stage,
-                         rule_justrl=_mean(g.rule_justrl for g in group),
-                         rule_harness=_mean(g.rule_harness for g in group),
-                         rule_moved=None if any(g.rule_moved is None for g in group)
-                         else sum(g.rule_moved for g in group)))
-    return out
-
-
-def load_metrics(runs_dir: str | Path, name: str = "metrics.jsonl") -> dict[tuple[str, str], list[dict]]:
-    """``(model, run) -> [rows of runs/<model>/<run>/<name> per step]`` sorted by step, a run being a method or
-    ``<method>/seed<k>`` (several seeds); a resumed run's repeated steps keep the last."""
-    out = {}
-    paths = [*Path(runs_dir).glob(f"*/*/{name}"), *Path(runs_dir).glob(f"*/*/seed*/{name}")]
-    for path in sorted(paths):
-        by_step = {}
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                by_step[int(row["step"])] = row
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{lineno}: bad line (need a JSON object with 'step'): {e}") from e
-        model, *run = path.relative_to(runs_dir).parts[:-1]  # run: [method] or [method, seed<k>]
-        out[(model, "/".join(run))] = [by_step[k] for k in sorted(by_step)]
-    return out
-
-
-def load_paper(path: str | Path = PAPER_CSV) -> dict[tuple[str, str, str, str], float]:
-    """The paper's v2 Table 2 in our keys: ``(model, method, benchmark|'avg', setting) -> accuracy``.
-
-    The file names models, methods, benchmarks and settings by their paper keys (``stapo.names``, ``Name.paper``);
-    a name the registry does not know is an error (naming the file and the row).
-    """
-    ours = {field: {n.paper: n.key for n in registry.values() if n.paper} for field, registry in
-            (("model", MODELS), ("method", METHODS), ("benchmark", BENCHMARKS), ("setting", SETTINGS))}
-    ours["benchmark"]["avg"] = "avg"
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    paper = {}
-    for i, r in enumerate(rows, 2):
-        unknown = [f"{field} {r[field]!r}" for field in ours if r[field] not in ours[field]]
-        if unknown:
-            raise ValueError(f"{path}:{i}: {', '.join(unknown)} not in stapo.names")
-        paper[tuple(ours[field][r[field]] for field in ours)] = float(r["accuracy"])
-    return paper
-
-
 # ---------------------------------------------------------------------------------------------- table
-
-
-# The training protocol a table's runs were made with (runs/<model>/<method>/config.yaml, stapo.rundir), as
-# (footnote label, section, key). trl.normaliser is optional: configs written before it existed lack it.
-RUN_PROTOCOL_KEYS = (("loss_agg_mode", "method", "loss_agg_mode"), ("quantile_scope", "method", "quantile_scope"),
-                     ("train.prompt", "train", "prompt"), ("trl.normaliser", "trl", "normaliser"))
-
-
-def load_run_protocols(runs_dir: str | Path) -> dict[tuple[str, str], dict[str, str] | None]:
-    """``(model, method) -> {label: value}`` of ``RUN_PROTOCOL_KEYS`` from each run's recorded config.yaml (a key
-    the config lacks reads "not recorded"; the seeds of a several-seed study that disagree read "a | b"); None for
-    a run directory without a readable config.yaml."""
-    out: dict[tuple[str, str], dict[str, str] | None] = {}
-    paths = [*Path(runs_dir).glob("*/*/config.yaml"), *Path(runs_dir).glob("*/*/seed*/config.yaml")]
-    for path in sorted(paths):
-        model, method = path.relative_to(runs_dir).parts[:2]
-        try:
-            config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError):
-            out[(model, method)] = None
-            continue
-        values = {label: ("not recorded" if key not in (config.get(section) or {}) else str(config[section][key]))
-                  for label, section, key in RUN_PROTOCOL_KEYS}
-        if (config.get("train") or {}).get("worked_example"):  # the CPU miniature's prompt: say it was shown
-            values["train.prompt"] += " + worked example"
-        if (model, method) in out and out[(model, method)] is not None:  # another seed of the method
-            seen = out[(model, method)]
-            values = {k: v if v in seen[k].split(" | ") else f"{seen[k]} | {v}" for k, v in values.items()}
-        if (model, method) not in out or out[(model, method)] is not None:
-            out[(model, method)] = values
-    return out
 
 
 def _ordered(keys, preferred):
@@ -536,82 +365,6 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
     return buf.getvalue()
 
 
-NO_EXAMPLES = {False: "No examples logged: no run logged token diagnostics (set train.diagnostics_every > 0).",
-               True: "No examples: token diagnostics were logged (train.diagnostics_every), but at none of the logged "
-                     "steps did the S2T mask silence a token."}
-
-
-def render_examples(examples: dict, models: list[str], methods: list[str], study: stapo_study.Study,
-                    per_run: int = 20, diagnosed: bool = False) -> str:
-    """Markdown table of logged silenced tokens (the paper's table of spurious-token examples); ``diagnosed``:
-    whether any run logged diagnostics (what an empty table says: :data:`NO_EXAMPLES`)."""
-    def esc(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", "⏎").replace("`", "'")
-
-    lines = ["# Silenced-token examples", "",
-             "Tokens the S2T mask silences (Â > 0, p < τ_p, H below the candidates' q-quantile), logged every "
-             "`train.diagnostics_every` steps, with the policy's top-5 alternatives at that position.", ""]
-    found = False
-    for model in models:
-        for method in methods:
-            rows = examples.get((model, method), [])[:per_run]
-            if not rows:
-                continue
-            found = True
-            lines += [f"## {study.label('models', model)} / {study.label('methods', method)}", "",
-                      "| step | context | token | p | H | Â | top-5 alternatives (p) |",
-                      "|---|---|---|---|---|---|---|"]
-            for r in rows:
-                top = ", ".join(f"`{esc(t['token'])}` {t['p']:.3f}" for t in r["top"])
-                lines.append(f"| {r['step']} | …{esc(r['context'][-60:])} | `{esc(r['token'])}` | {r['p']:.2e} | "
-                             f"{r['entropy']:.3f} | {r['advantage']:+.2f} | {top} |")
-            lines.append("")
-    if not found:
-        lines.append(NO_EXAMPLES[diagnosed])
-    return "\n".join(lines) + "\n"
-
-
-def render_figure_index(figures: list[tuple[str, str, str | None, str | None]], examples: str,
-                        study: stapo_study.Study, notes: dict[str, list[str]] | None = None) -> str:
-    """results/figures.md: per figure group (``comparison_figures.GROUPS``) and kind, the paper figure it
-    reproduces, its caption and each model's files, or why it was not drawn; the examples table in group 5.
-    ``figures``: ``[(file stem, kind, model or None, why skipped or None)]``; ``notes``: file stem -> lines under
-    its link (a curve hidden under an identical one)."""
-    notes = notes or {}
-    captions = {**CAPTIONS, **comparison_figures.CAPTIONS, **cost_report.CAPTIONS}
-    lines = [f"# Figures — study `{study.name}`", "",
-             "Written by `stapo report` (what each plots: stapo/figures.py, stapo/comparison_figures.py); tables: "
-             "[table.md](table.md). A figure whose inputs the study or its runs lack is not drawn; its line says "
-             "why.", ""]
-    for title, kinds in (("Training curves and token diagnostics", FIGURE_KINDS), *comparison_figures.GROUPS,
-                         *cost_report.GROUPS):
-        lines += [f"## {title}", ""]
-        for kind in kinds:
-            lines += [f"### `{kind}` — reproduces: {captions[kind][0]}", "", captions[kind][1], ""]
-            for stem, _, model, missing in (f for f in figures if f[1] == kind):
-                where = study.label("models", model) if model else "all models"
-                lines.append(f"- {where}: " + (f"not drawn: {missing}" if missing else
-                                               f"[png](figures/{stem}.png) · [pdf](figures/{stem}.pdf)"))
-                lines += [f"  - note: {note}" for note in notes.get(stem, [])]
-            lines.append("")
-    logged = next((f" {text}" for text in NO_EXAMPLES.values() if text in examples), "")
-    lines += ["### Silenced-token examples — reproduces: the paper's examples of spurious tokens", "",
-              "[silenced_examples.md](silenced_examples.md): silenced tokens with their context, probability p, "
-              f"entropy H, advantage Â and the top-5 alternatives, per model and method.{logged}", ""]
-    return "\n".join(lines)
-
-
-def _load_examples(runs_dir) -> dict[tuple[str, str], list[dict]]:
-    out = {}
-    paths = [*Path(runs_dir).glob("*/*/silenced_examples.jsonl"),
-             *Path(runs_dir).glob("*/*/seed*/silenced_examples.jsonl")]
-    for path in sorted(paths):  # several seeds: each seed's examples in turn, under the method
-        model, method = path.relative_to(runs_dir).parts[:2]
-        out.setdefault((model, method), []).extend(
-            json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line)
-    return out
-
-
 # ---------------------------------------------------------------------------------------------- entry points
 
 
@@ -632,14 +385,13 @@ def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None 
                        | set(study.methods),
                        list(METHODS) + list(study.methods))
     diagnostics = load_metrics(runs_dir, "diagnostics.jsonl")
-    drawn = write_figures(out_dir, models, methods, scores, metrics, diagnostics, study)
-    examples = render_examples(_load_examples(runs_dir), models, methods, study,
+    drawn = write_figures(out_dir, FigureInputs(models, methods, scores, metrics, diagnostics, study))
+    examples = render_examples(load_examples(runs_dir), models, methods, study,
                                diagnosed=any(rows for rows in diagnostics.values()))
     atomic_write(out_dir / "silenced_examples.md", examples)
+    cost_report.write_costs(out_dir, models, metrics, study)  # cost.md (its figure: time_breakdown, drawn above)
     figures = [f[:4] for f in drawn]
-    figures += comparison_figures.write_comparison_figures(out_dir, models, methods, scores, metrics, study)
     notes = {stem: lines for stem, _, _, _, lines in drawn if lines}
-    figures += cost_report.write_costs(out_dir, models, metrics, study)  # cost.md and the time breakdown
     atomic_write(out_dir / "figures.md", render_figure_index(figures, examples, study, notes))
     if any(s.n_seeds > 1 for s in scores):  # a several-seed study: each seed and the paired comparisons
         benchmarks = _ordered({s.benchmark for s in scores}, list(study.eval.benchmarks))

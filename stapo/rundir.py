@@ -42,6 +42,7 @@ from stapo import manifest
 from stapo.atomic import atomic_write
 from stapo.diagnostics import TokenDiagnostics
 from stapo.errors import UserError
+from stapo.jsonl import JsonlError, jsonl_records
 from stapo.lock import RUN_LOCK, hold
 from stapo.manifest import COMPLETE, FINAL_COMPLETE
 
@@ -157,32 +158,24 @@ class CheckpointSentinel(TrainerCallback):
 
 
 def trim_jsonl(path: Path, step: int) -> None:
-    """Keep the lines of a JSON-lines log with ``"step" <= step``; a torn last line (a kill mid-write) is dropped.
+    """Keep the lines of a JSON-lines log with ``"step" <= step``; a torn last line (a kill mid-write) is dropped,
+    with a warning (stapo.jsonl's policy for a log written line by line).
 
-    Raises RunDirError naming file:line for an unparseable line that is not the last one (not a kill artefact).
+    Raises RunDirError naming file:line for any other line that is not a JSON object (not a kill artefact).
     """
     if not path.exists():
         return
-    text = path.read_text(encoding="utf-8", errors="replace")
-    lines, kept, dropped = text.splitlines(), [], 0
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            if i < len(lines):
-                raise RunDirError(f"{path}:{i}: not a JSON line ({line[:60]!r}); fix or delete the line") from None
-            log.warning("%s:%d: discarding a torn last line (%d chars: %r)", path, i, len(line), line[:80])
-            continue
-        if row.get("step", 0) <= step:
-            kept.append(line)
-        else:
-            dropped += 1
-    if dropped:
-        log.warning("%s: discarding %d line(s) past step %d (the resume checkpoint)", path, dropped, step)
+    data = path.read_bytes()
+    try:
+        records = jsonl_records(path, appended=True, data=data)
+    except JsonlError as err:
+        raise RunDirError(f"{err.where}: not a JSON line ({err.text[:60]!r}); fix or delete the line") from None
+    kept = [r.text for r in records if r.row.get("step", 0) <= step]
+    if len(kept) < len(records):
+        log.warning("%s: discarding %d line(s) past step %d (the resume checkpoint)", path, len(records) - len(kept),
+                    step)
     new = "".join(line + "\n" for line in kept)
-    if new != text:
+    if new.encode("utf-8") != data:
         atomic_write(path, new)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from stapo.answers import normalize_answer
 from stapo.errors import UserError
+from stapo.jsonl import JsonlError, read_jsonl
 from stapo.study.evaluation import EvalConfig
 
 __all__ = ["build_records", "avg_at_n", "pass_at_k", "maj_at_n", "bootstrap_ci", "summarize", "BOOTSTRAP_ITERS",
@@ -189,14 +190,10 @@ def read_samples(path: str | Path) -> list[dict]:
         raise DamagedScores(f"{path}: {got['lines']} lines, SHA-256 {got['sha256'][:12]}…; its summary recorded "
                             f"{recorded['lines']} lines, {recorded['sha256'][:12]}…: the file was changed or cut "
                             f"after the evaluation; {fix}")
-    records = []
-    for line_no, line in enumerate(data.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except ValueError as err:
-            raise DamagedScores(f"{path}:{line_no}: not a JSON record (cut mid-way?): {err}; {fix}") from None
+    try:  # stapo.jsonl's policy: written whole (atomically), so a torn last line is damage, not a kill artefact
+        records = read_jsonl(path, data=data)
+    except JsonlError as err:
+        raise DamagedScores(f"{err.where}: not a JSON record (cut mid-way?): {err.reason}; {fix}") from None
     expected = summary.get("samples") if isinstance(summary, dict) else None
     if expected is not None and len(records) != expected:
         raise DamagedScores(f"{path}: {len(records)} samples, its summary says {expected}; {fix}")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stapo import report
+from stapo import report, results
 from stapo.atomic import atomic_write_json
 from stapo import study as stapo_study
 from stapo.figures import FIGURE_KINDS, figure_series, step_of, step_series
@@ -186,7 +186,7 @@ def test_several_seeds_diagnostics_and_examples_are_found(tmp_path):
     run = tmp_path / "runs" / "m" / "stapo" / "seed1"
     run.mkdir(parents=True)
     (run / "silenced_examples.jsonl").write_text(json.dumps({"step": 2, "token": "x"}) + "\n")
-    assert report._load_examples(tmp_path / "runs") == {("m", "stapo"): [{"step": 2, "token": "x"}]}
+    assert results.load_examples(tmp_path / "runs") == {("m", "stapo"): [{"step": 2, "token": "x"}]}
     study = stapo_study.default()
     assert "diagnostics were logged" in report.render_examples({}, ["m"], ["stapo"], study, diagnosed=True)
     assert "set train.diagnostics_every > 0" in report.render_examples({}, ["m"], ["stapo"], study)

@@ -19,7 +19,6 @@ prompt (``stapo.data.build_prompt`` with the model's tokenizer) into a ``prompt`
 
 from __future__ import annotations
 
-import json
 import logging
 from functools import lru_cache
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from stapo.data import build_prompt, synthetic_arith_rows
 from stapo.grading import grade
+from stapo.jsonl import jsonl_records
 
 __all__ = ["Benchmark", "BENCHMARKS", "SETTINGS", "TASKS_DIR", "BUNDLED_DATA_DIR", "HUB", "load_rows",
            "read_benchmark_file",
@@ -118,22 +118,10 @@ def read_benchmark_file(path: Path) -> list[dict]:
     """
     rows, first_line = [], {}
     try:
-        data = Path(path).read_bytes()
+        records = jsonl_records(path)  # stapo.jsonl's policy: every line a JSON object (a JsonlError: a ValueError)
     except OSError as err:
         raise ValueError(f"{path}: cannot read benchmark file ({err.strerror})") from None
-    for line_no, raw in enumerate(data.splitlines(), 1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{path}:{line_no}: not UTF-8 text (byte {err.start}: {err.reason})") from None
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}:{line_no}: expected a JSON object with id, problem, answer")
+    for line_no, _, row in records:
         missing = sorted(k for k in ("id", "problem", "answer") if row.get(k) is None or str(row[k]).strip() == "")
         if missing:
             raise ValueError(f"{path}:{line_no}: missing field(s) {missing}")
