@@ -96,6 +96,7 @@ from stapo.step_cost import StepClock, model_flop_params, update_flops
 from stapo.schedule import optimizer_steps_per_rollout, per_rollout_schedule, rollout_step
 from stapo import study
 from stapo.study import ObjectiveConfig, Plan, StudyError, TrainSettings, accumulation
+from stapo.study.objective import AggMode
 from stapo.study.train import trl_micro_batch
 from stapo.vllm_settings import trl_vllm_kwargs
 
@@ -121,12 +122,12 @@ class Normaliser(str, Enum):
         return self in (Normaliser.GRPO_SEQ_MEAN, Normaliser.MICRO_BATCH_TOKEN_MEAN)
 
     @classmethod
-    def choose(cls, loss_agg_mode: str, deepspeed: bool) -> Normaliser:
+    def choose(cls, loss_agg_mode: AggMode, deepspeed: bool) -> Normaliser:
         """deepspeed: the engine steps inside the last backward. Every other engine (one process, DDP, FSDP, whose
         gradients are local shards that one scalar scales exactly) rescales after the step's last backward."""
-        if loss_agg_mode == "token-mean-per-micro-batch":
+        if loss_agg_mode.per_micro_batch_token_mean:
             return cls.MICRO_BATCH_TOKEN_MEAN
-        if loss_agg_mode != "token-mean":
+        if loss_agg_mode.per_sequence:
             return cls.GRPO_SEQ_MEAN
         return cls.DEEPSPEED_KEPT_FRACTION if deepspeed else cls.EXACT_RESCALE
 
@@ -164,7 +165,7 @@ class StapoGRPOTrainer(GRPOTrainer):
 
     @property
     def _mini_batch_scope(self) -> bool:
-        return self.objective.uses_thresholds and self.objective.quantile_scope == "mini_batch"
+        return self.objective.step_thresholds
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """The recipe's schedule in rollout steps, advanced once per rollout batch (stapo.schedule)."""
@@ -396,9 +397,6 @@ def training_engine() -> str:
 # --------------------------------------------------------------------------------------------------- build
 
 
-# TRL's loss_type of the same aggregation (StapoGRPOTrainer computes its own loss; plain TRL runs and logs read it)
-TRL_LOSS_TYPE = {"token-mean": "dapo", "token-mean-per-micro-batch": "bnpo", "seq-mean-token-mean": "grpo"}
-
 # transformers 5.x renamed gradient_checkpointing (deprecated alias kept until v6)
 _CHECKPOINTING_FIELD = ("activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__
                         else "gradient_checkpointing")
@@ -425,7 +423,7 @@ def grpo_config(plan: Plan, out: Path, num_processes: int = 1, *, deepspeed: boo
         steps_per_generation=steps_per_generation, num_generations=s.num_generations,
         num_iterations=s.num_iterations, max_completion_length=s.max_completion_length,
         temperature=s.temperature, top_p=s.top_p, scale_rewards=s.scale_rewards,
-        loss_type=TRL_LOSS_TYPE[obj.loss_agg_mode], beta=obj.kl_beta,
+        loss_type=obj.loss_agg_mode.trl_loss_type, beta=obj.kl_beta,  # plain TRL runs and logs read it
         use_bias_correction_kl=False,  # plain k3, as policy_loss computes it
         epsilon=obj.eps_low, epsilon_high=obj.eps_high, mask_truncated_completions=False,
         **trl_vllm_kwargs(s),  # device-aware engine settings + recipe overrides; fails fast without vLLM
@@ -471,7 +469,7 @@ def _resolved_config(plan: Plan, config: GRPOConfig, engine: str = "single") -> 
     normaliser = Normaliser.choose(plan.objective.loss_agg_mode, deepspeed=engine == "deepspeed")
     return {
         "model": {"key": plan.model_key, "spec": plan.model_spec},
-        "method": {"key": plan.method_key, **asdict(plan.objective)},
+        "method": {"key": plan.method_key, **plan.objective.as_dict()},
         "train": asdict(plan.settings),
         "trl": {"optimizer_steps_per_rollout": optimizer_steps_per_rollout(plan.settings),
                 "max_steps": config.max_steps, "save_steps": config.save_steps,
