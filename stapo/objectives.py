@@ -533,6 +533,7 @@ def policy_loss(
     token_normalizer: Tensor | float | None = None,
     generator: torch.Generator | None = None,
     thresholds: Thresholds | None = None,
+    tokens: dict | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss of one micro-batch for ``cfg.method`` and its metrics (see the module docstring for the equations).
 
@@ -544,6 +545,8 @@ def policy_loss(
     thresholds: the optimiser step's entropy thresholds (:func:`step_thresholds`, "mini_batch" scope); None takes
         them over this call's tokens ("micro_batch": gathered from every rank; "micro_batch_local_topk": this
         rank's alone, 20-Entropy by exact top-k).
+    tokens: if given, filled with this call's Bool [B, T] ``candidates`` (S2T's, computed once here), ``kept`` and
+        ``silenced``, for callers that report on them (the trainer's token diagnostics) without recomputing them.
     Returns a scalar fp32 loss (finite zero with a grad_fn on an all-masked or empty batch) and float metrics:
     entropy_mean (over all completion tokens, whatever the method), candidate/silenced/kept_fraction (of
     completion tokens), clip_fraction_low/high, clip_fraction, clip_fraction_dual, ratio_mean, kl_mean.
@@ -582,6 +585,8 @@ def policy_loss(
         loss = masked.sum() / denom
 
     metrics = _metrics(cfg, m, kept, silenced, ratio, dual, entropies, cand, advantages, kl)
+    if tokens is not None:
+        tokens.update(candidates=cand, kept=kept, silenced=silenced)
     return loss, metrics
 
 

@@ -288,21 +288,22 @@ class StapoGRPOTrainer(GRPOTrainer):
         logps, entropies = self._forward(model, inputs)
         old_logps = inputs.get("old_per_token_logps")
         training = self.model.training
-        if training and self._diagnostics is not None:
-            self._diagnostics.tau_h = self._thresholds.tau_h if self._thresholds and self._mini_batch_scope else None
-            self._diagnostics.observe(model=self.accelerator.unwrap_model(model), inputs=inputs, logps=logps,
-                                      old_logps=logps.detach() if old_logps is None else old_logps,
-                                      entropies=entropies)
         if training and self._window is None:  # the optimiser step's first micro-batch
             rescaled = not self._normaliser.per_micro_batch  # a step normaliser c (module docstring)
             self._window = StepAccumulator(normaliser=self._provisional_normalizer(inputs) if rescaled else None)
+        tokens: dict = {}  # the objective's candidates, for the diagnostics (τ_p tested once per micro-batch)
         loss, metrics = policy_loss(
             self.objective, logps=logps, old_logps=logps.detach() if old_logps is None else old_logps,
             advantages=inputs["advantages"], entropies=entropies, completion_mask=completion_mask,
             ref_logps=inputs.get("ref_per_token_logps") if self.beta != 0.0 else None,
             token_normalizer=self._window.normaliser if training else None,
-            thresholds=self._thresholds if training and self._mini_batch_scope else None,
+            thresholds=self._thresholds if training and self._mini_batch_scope else None, tokens=tokens,
         )
+        if training and self._diagnostics is not None:  # after the objective, whose candidates it reuses
+            self._diagnostics.tau_h = self._thresholds.tau_h if self._thresholds and self._mini_batch_scope else None
+            self._diagnostics.observe(model=self.accelerator.unwrap_model(model), inputs=inputs, logps=logps,
+                                      old_logps=logps.detach() if old_logps is None else old_logps,
+                                      entropies=entropies, candidates=tokens["candidates"])
         if training and self._normaliser is Normaliser.DEEPSPEED_KEPT_FRACTION:
             loss = loss * self._kept_fraction_correction(metrics, completion_mask)
         if training and self._normaliser.per_micro_batch:  # its share n / N of the process's step (verl, TRL)
