@@ -1,4 +1,4 @@
-"""The four token-level policy objectives of the STAPO paper, as pure functions of tensors.
+"""The four token-level policy objectives of the STAPO paper, and related methods, as pure functions of tensors.
 
 Each method's hyper-parameters are a ``stapo.study.ObjectiveConfig`` (the study's ``methods`` section, with the
 paper's defaults); one entry point, :func:`policy_loss`, that every method goes through. No TRL import: the
@@ -20,6 +20,15 @@ probability rose a lot since sampling (ρ > c), typically rare tokens (π_old �
     justrl     Σ m ℓ / max(1, Σ m)                                              (paper Eq. 2; DAPO token-mean)
     entropy20  Σ k ℓ / max(1, Σ k),  k = m ∧ H ≥ quantile(H[m], 1 − ρ)           (arXiv 2506.01939 Eq. 6)
     stapo      Σ k ℓ / max(1, Σ k),  k = m ∧ ¬S2T                               (paper Eq. stapo_loss)
+
+Related methods own their per-token loss (a method's declaration names it; :data:`POLICY_LOSSES`), aggregated as
+above, each equal to verl 0.9.1's function of the same name (tests/test_related_methods.py):
+    clip_cov   PPO-clip, the gradient of a random r·n of the tokens with covariance in (lb, ub) detached (ℓ × 0,
+               still counted in the denominator)                               (arXiv 2505.22617)
+    kl_cov     −Âρ (no clip) + β|log ρ| on the top k·n tokens by covariance   (arXiv 2505.22617)
+    gspo       PPO-clip on the length-normalised sequence ratio               (arXiv 2507.18071)
+    cispo      −sg(clip(ρ)) Â log π                                           (arXiv 2506.13585)
+with covariance (Â − mean Â)(log π − mean log π) over the call's completion tokens.
 
 where the S2T ("spurious token") mask silences a token iff Â > 0 ∧ π(y_t) < τ_p ∧ H_t < τ_h, with τ_h the
 q-quantile of the entropies of the candidate tokens {Â > 0, π(y_t) < τ_p}. Silenced and dropped tokens leave
@@ -148,9 +157,11 @@ def _quantile_or_nan(pool: Tensor, q: float) -> float:
 #   thresholds(cfg, *, logps, entropies, advantages, completion_mask, gather=True) -> Thresholds
 #       over all the given tokens on every rank (it gathers: every rank calls it at the same time), or this rank's
 #       alone with gather=False ("micro_batch_local_topk" scope);
-#   token_mask(cfg, *, logps, entropies, advantages, completion_mask, thresholds, generator) -> (kept, silenced)
+#   token_mask(cfg, *, logps, entropies, advantages, completion_mask, thresholds, generator, candidates)
+#       -> (kept, silenced)
 #       Bool [B, T] each: the tokens that enter the loss, and those the mask silenced (reported as
-#       silenced_fraction; all False for masks that only keep); ``thresholds`` is None for a mask declared without.
+#       silenced_fraction; all False for masks that only keep); ``thresholds`` is None for a mask declared without;
+#       ``candidates`` are the call's S2T candidates when policy_loss computed them (None: compute if needed).
 TOKEN_MASKS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {}
 THRESHOLDS: dict[str, Callable[..., Thresholds]] = {}
 

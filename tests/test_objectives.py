@@ -845,3 +845,56 @@ def test_local_scope_never_gathers_across_ranks(monkeypatch):
     assert silenced.int().tolist() == [[1, 1, 1, 0, 0]] and calls == []
     _, silenced = kept_mask(get_objective("stapo", quantile_scope="micro_batch"), **t)
     assert silenced.sum() == 0 and calls == [5]
+
+
+# ----------------------------------------------- aggregation and scope: enums that carry their behaviour
+
+
+def test_aggregation_and_scope_are_enums_with_their_behaviour():
+    """YAML strings parse into the enums; the trainer, objectives and diagnostics read their attributes; what a run
+    records (json, yaml.safe_dump) is the plain string."""
+    import json
+
+    import yaml
+
+    from stapo.study.objective import AggMode, QuantileScope
+
+    cfg = _local_topk("entropy20")
+    assert cfg.loss_agg_mode is AggMode.TOKEN_MEAN_PER_MICRO_BATCH
+    assert cfg.quantile_scope is QuantileScope("micro_batch_local_topk")
+    assert cfg.loss_agg_mode == "token-mean-per-micro-batch" and f"{cfg.loss_agg_mode}" == "token-mean-per-micro-batch"
+    assert [m.trl_loss_type for m in AggMode] == ["dapo", "bnpo", "grpo"]
+    assert [m.step_normaliser for m in AggMode] == [True, False, False]
+    assert [m.per_sequence for m in AggMode] == [False, False, True]
+    assert [s.per_step for s in QuantileScope] == [True, False, False]
+    assert [s.gathered for s in QuantileScope] == [True, True, False]
+    assert list(AGG_MODES) == [m.value for m in AggMode] and list(SCOPES) == [s.value for s in QuantileScope]
+    recorded = cfg.as_dict()
+    assert type(recorded["loss_agg_mode"]) is str and type(recorded["quantile_scope"]) is str
+    assert yaml.safe_load(yaml.safe_dump(recorded)) == recorded
+    assert json.loads(json.dumps({"m": cfg.loss_agg_mode})) == {"m": "token-mean-per-micro-batch"}
+    # a loss's own parameters are recorded for its method alone: the others' records stay as they were
+    assert "clip_cov_ratio" not in METHODS["stapo"].as_dict() and "clip_cov_ratio" in METHODS["clip_cov"].as_dict()
+    assert "ppo_kl_coef" in METHODS["kl_cov"].as_dict() and "kl_cov_ratio" not in METHODS["clip_cov"].as_dict()
+
+
+def test_every_objective_field_documents_itself():
+    """TRL style: each field's documentation is its metadata["help"] (the schema generator reads it)."""
+    import dataclasses
+
+    for f in dataclasses.fields(ObjectiveConfig):
+        assert len(f.metadata.get("help", "")) > 20, f.name
+
+
+def test_no_string_dispatch_on_aggregation_or_scope():
+    """loss_agg_mode / quantile_scope are compared nowhere outside their enums (stapo/study/objective.py)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "stapo"
+    pattern = re.compile(r"(loss_agg_mode|quantile_scope)\S*\s*(==|!=|\bin\b|\bnot in\b)\s|TRL_LOSS_TYPE"
+                         r"|(==|!=)\s*\"(token-mean|token-mean-per-micro-batch|seq-mean-token-mean|mini_batch"
+                         r"|micro_batch|micro_batch_local_topk)\"")
+    hits = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.name != "objective.py"
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert hits == []
