@@ -19,6 +19,7 @@ torch.set_num_threads(1)  # 2 shared cores: oversubscribed OpenMP threads make t
 from safetensors.torch import load_file  # noqa: E402
 
 import stapo.trainer as T  # noqa: E402
+from stapo.methods import METHODS as DECLARED_METHODS  # noqa: E402
 from stapo import rundir, study  # noqa: E402
 from stapo.objectives import policy_loss  # noqa: E402
 from stapo.rewards import REWARDS  # noqa: E402
@@ -391,6 +392,22 @@ def test_each_method_trains_and_writes_outputs(tmp_path, coin, method):
     after = weights(tmp_path / "checkpoint-1")
     changed = [n for n in before if not torch.equal(before[n], after[n])]
     assert len(changed) >= len(before) // 2, changed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["clip_cov", "kl_cov", "gspo", "cispo"])
+def test_each_related_method_trains_one_step(tmp_path, coin, method):
+    """The methods that own their loss train end to end (one step: cheap); their run records their parameters."""
+    recipe = tiny_recipe(max_steps=1)
+    recipe["methods"] = {method: {"objective": method}}
+    plan = study.resolve_plan(recipe, "tiny-qwen3", method)
+    T.train(plan, tmp_path)
+    (row,) = read_metrics(tmp_path)
+    assert all(row[k] is not None and row[k] == row[k] for k in FIELDS), row
+    assert row["kept_fraction"] == 1.0 and row["grad_norm"] > 0
+    resolved = yaml.safe_load((tmp_path / "config.yaml").read_text())["method"]
+    assert resolved["method"] == method and resolved["loss_agg_mode"] == str(plan.objective.loss_agg_mode)
+    assert set(resolved) >= set(DECLARED_METHODS[method].params)
 
 
 @pytest.mark.slow
