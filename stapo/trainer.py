@@ -37,6 +37,8 @@ the last backward, so gradients cannot be rescaled) the per-micro-batch normalis
 global kept fraction — exact for justrl, approximate (error ~ the silenced fraction, < 1e-4 in the paper) for
 stapo/entropy20; a warning says so. The run's config.yaml records the engine and normaliser (trl.engine,
 trl.normaliser).
+The related methods that own their loss go through the same normalisers: clip_cov, kl_cov and cispo are token-mean
+(nothing is dropped from the denominator: exact under DeepSpeed too), gspo sequence-mean as GRPO.
 GRPO (sequence-mean) is weighted by n / N, i.e. divided by gradient_accumulation_steps as TRL does for its "grpo"
 loss when micro-batches are of fixed size.
 ``loss_agg_mode: token-mean-per-micro-batch`` (verl 0.4.0, JustRL's own trainer) has no step normaliser: each
