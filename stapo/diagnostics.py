@@ -70,7 +70,7 @@ def gradient_norm_bounds(*, logps: Tensor, entropies: Tensor, vocab_size: int, w
 
 def quadrant_stats(
     *, logps: Tensor, entropies: Tensor, collision: Tensor, ratio: Tensor, advantages: Tensor,
-    completion_mask: Tensor, tau_p: float, q: float, eps_low: float, eps_high: float,
+    completion_mask: Tensor, tau_p: float, q: float, eps_low: float, eps_high: float, candidates: Tensor | None = None,
 ) -> dict[str, float]:
     """Count and mean closed-form gradient norm ‖∇_a J‖ per probability × entropy quadrant.
 
@@ -78,16 +78,20 @@ def quadrant_stats(
     ("lowh") vs ≥, τ_h the q-quantile of the S2T candidates' entropies — so lowp_lowh is exactly the S2T-silenced
     set. Without candidates, τ_h falls back to the q-quantile of the population (reported as quadrant/tau_h).
     Keys: quadrant/<name>_count, quadrant/<name>_grad_norm (NaN for an empty quadrant), quadrant/tau_h.
+    candidates: the S2T candidates as the objective computed them for this micro-batch (stapo.objectives
+    ``policy_loss(tokens=...)``); None computes them (:func:`stapo.objectives.candidate_mask`). In the population,
+    "lowp" is exactly the candidates, so τ_p is tested once.
     """
     m = completion_mask.bool()
     pop = m & (advantages > 0).unsqueeze(-1)
-    cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=m, tau_p=tau_p)
+    cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=m,
+                          tau_p=tau_p) if candidates is None else candidates
     h = entropies.detach().float()
     pool = h[cand] if cand.any() else h[pop]
     tau_h = quantile(pool, q).item() if pool.numel() else float("nan")
     norm = grad_norm_sq(logps=logps.detach(), collision=collision.detach(), ratio=ratio.detach(),
                         advantages=advantages, eps_low=eps_low, eps_high=eps_high).clamp(min=0).sqrt()
-    lowp = logps.detach().float().exp() < tau_p
+    lowp = cand  # within the population (every quadrant below is ∧ pop), p < τ_p is being a candidate
     lowh = h < tau_h
     out: dict[str, float] = {"quadrant/tau_h": tau_h}
     for name, sel in zip(QUADRANTS, (lowp & lowh, lowp & ~lowh, ~lowp & lowh, ~lowp & ~lowh)):
@@ -196,8 +200,11 @@ class TokenDiagnostics:
 
     # -- per micro-batch ------------------------------------------------------------------------------------
 
-    def observe(self, *, model, inputs: dict, logps: Tensor, old_logps: Tensor, entropies: Tensor) -> None:
-        """Accumulate one micro-batch (call right after TRL's per-token forward of the policy, on every rank)."""
+    def observe(self, *, model, inputs: dict, logps: Tensor, old_logps: Tensor, entropies: Tensor,
+                candidates: Tensor | None = None) -> None:
+        """Accumulate one micro-batch (call after TRL's per-token forward of the policy and the objective, on every
+        rank). candidates: the objective's S2T candidates of this micro-batch (``policy_loss(tokens=...)``), reused
+        for the quadrants and the silenced examples (None: computed here)."""
         if not self._active:
             return
         hidden, self._hidden = self._hidden, None
@@ -208,10 +215,11 @@ class TokenDiagnostics:
         head = model.get_output_embeddings()
         with trl_compat.gathered_lm_head(head):  # a collective under ZeRO-3: every rank enters
             if self.writer:
-                self._record(head, hidden, inputs, logps.detach(), old_logps.detach(), entropies.detach())
+                self._record(head, hidden, inputs, logps.detach(), old_logps.detach(), entropies.detach(), candidates)
 
     @torch.no_grad()
-    def _record(self, head, hidden: Tensor, inputs: dict, logps: Tensor, old_logps: Tensor, entropies: Tensor):
+    def _record(self, head, hidden: Tensor, inputs: dict, logps: Tensor, old_logps: Tensor, entropies: Tensor,
+                candidates: Tensor | None = None):
         cfg, adv, mask = self.objective, inputs["advantages"], inputs["completion_mask"]
         pop = mask.bool() & (adv > 0).unsqueeze(-1)
         collision = torch.zeros_like(logps, dtype=torch.float32)  # only the population's entries are used
@@ -221,7 +229,8 @@ class TokenDiagnostics:
                                                          self.VOCAB_CHUNK).float().exp()
         stats = quadrant_stats(logps=logps, entropies=entropies, collision=collision,
                                ratio=torch.exp(logps - old_logps), advantages=adv, completion_mask=mask,
-                               tau_p=cfg.tau_p, q=cfg.entropy_quantile, eps_low=cfg.eps_low, eps_high=cfg.eps_high)
+                               tau_p=cfg.tau_p, q=cfg.entropy_quantile, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+                               candidates=candidates)
         w = self._window = self._window or {"counts": {}, "norm_sums": {}, "entropies": [], "examples": []}
         for name in QUADRANTS:
             n = stats[f"quadrant/{name}_count"]
@@ -230,14 +239,15 @@ class TokenDiagnostics:
                 w["norm_sums"][name] = w["norm_sums"].get(name, 0.0) + n * stats[f"quadrant/{name}_grad_norm"]
         w["entropies"].append(entropies[mask.bool()].float())
         if len(w["examples"]) < self.k:
-            w["examples"] += self._examples(head, hidden, inputs, logps, entropies, self.k - len(w["examples"]))
+            w["examples"] += self._examples(head, hidden, inputs, logps, entropies, self.k - len(w["examples"]),
+                                            candidates)
 
-    def _examples(self, head, hidden, inputs, logps, entropies, k) -> list[dict]:
+    def _examples(self, head, hidden, inputs, logps, entropies, k, candidates=None) -> list[dict]:
         adv = inputs["advantages"]
         # S2T on this micro-batch alone: the writer only runs this, so no cross-rank gather (it would deadlock)
         sil = silence_mask(logps=logps, entropies=entropies, advantages=adv, completion_mask=inputs["completion_mask"],
                            tau_p=self.objective.tau_p, q=self.objective.entropy_quantile, gather=False,
-                           tau_h=self.tau_h)
+                           tau_h=self.tau_h, candidates=candidates)
         if not sil.any():
             return []
         top_ids, top_logps = self._top_alternatives(head, hidden, sil, k)

@@ -1,4 +1,4 @@
-"""The four token-level policy objectives of the STAPO paper, as pure functions of tensors.
+"""The four token-level policy objectives of the STAPO paper, and related methods, as pure functions of tensors.
 
 Each method's hyper-parameters are a ``stapo.study.ObjectiveConfig`` (the study's ``methods`` section, with the
 paper's defaults); one entry point, :func:`policy_loss`, that every method goes through. No TRL import: the
@@ -20,6 +20,15 @@ probability rose a lot since sampling (ρ > c), typically rare tokens (π_old �
     justrl     Σ m ℓ / max(1, Σ m)                                              (paper Eq. 2; DAPO token-mean)
     entropy20  Σ k ℓ / max(1, Σ k),  k = m ∧ H ≥ quantile(H[m], 1 − ρ)           (arXiv 2506.01939 Eq. 6)
     stapo      Σ k ℓ / max(1, Σ k),  k = m ∧ ¬S2T                               (paper Eq. stapo_loss)
+
+Related methods own their per-token loss (a method's declaration names it; :data:`POLICY_LOSSES`), aggregated as
+above, each equal to verl 0.9.1's function of the same name (tests/test_related_methods.py):
+    clip_cov   PPO-clip, the gradient of a random r·n of the tokens with covariance in (lb, ub) detached (ℓ × 0,
+               still counted in the denominator)                               (arXiv 2505.22617)
+    kl_cov     −Âρ (no clip) + β|log ρ| on the top k·n tokens by covariance   (arXiv 2505.22617)
+    gspo       PPO-clip on the length-normalised sequence ratio               (arXiv 2507.18071)
+    cispo      −sg(clip(ρ)) Â log π                                           (arXiv 2506.13585)
+with covariance (Â − mean Â)(log π − mean log π) over the call's completion tokens.
 
 where the S2T ("spurious token") mask silences a token iff Â > 0 ∧ π(y_t) < τ_p ∧ H_t < τ_h, with τ_h the
 q-quantile of the entropies of the candidate tokens {Â > 0, π(y_t) < τ_p}. Silenced and dropped tokens leave
@@ -62,6 +71,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -82,6 +92,9 @@ __all__ = [
     "THRESHOLDS",
     "register_token_mask",
     "register_thresholds",
+    "POLICY_LOSSES",
+    "PerToken",
+    "register_policy_loss",
 ]
 
 # --------------------------------------------------------------------------------------------- quantiles
@@ -144,9 +157,11 @@ def _quantile_or_nan(pool: Tensor, q: float) -> float:
 #   thresholds(cfg, *, logps, entropies, advantages, completion_mask, gather=True) -> Thresholds
 #       over all the given tokens on every rank (it gathers: every rank calls it at the same time), or this rank's
 #       alone with gather=False ("micro_batch_local_topk" scope);
-#   token_mask(cfg, *, logps, entropies, advantages, completion_mask, thresholds, generator) -> (kept, silenced)
+#   token_mask(cfg, *, logps, entropies, advantages, completion_mask, thresholds, generator, candidates)
+#       -> (kept, silenced)
 #       Bool [B, T] each: the tokens that enter the loss, and those the mask silenced (reported as
-#       silenced_fraction; all False for masks that only keep); ``thresholds`` is None for a mask declared without.
+#       silenced_fraction; all False for masks that only keep); ``thresholds`` is None for a mask declared without;
+#       ``candidates`` are the call's S2T candidates when policy_loss computed them (None: compute if needed).
 TOKEN_MASKS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {}
 THRESHOLDS: dict[str, Callable[..., Thresholds]] = {}
 
@@ -189,10 +204,11 @@ def top_entropy_thresholds(cfg: ObjectiveConfig, *, entropies: Tensor, completio
 
 @register_thresholds("s2t")
 def s2t_thresholds(cfg: ObjectiveConfig, *, logps: Tensor, entropies: Tensor, advantages: Tensor,
-                   completion_mask: Tensor, gather: bool = True) -> Thresholds:
+                   completion_mask: Tensor, gather: bool = True, candidates: Tensor | None = None,
+                   **_) -> Thresholds:
     """S2T's τ_h (q-quantile) and stapo_high's (1 − q)-quantile of the candidates' entropies (all ranks', or
-    this rank's alone with ``gather=False``)."""
-    cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=completion_mask, tau_p=cfg.tau_p)
+    this rank's alone with ``gather=False``); ``candidates``: the call's, when already computed."""
+    cand = _candidates(cfg, candidates, logps, advantages, completion_mask)
     pool = entropies.detach().float()[cand]
     return _s2t_thresholds(_gather_across_ranks(pool) if gather else pool, cfg.entropy_quantile)
 
@@ -250,9 +266,16 @@ def candidate_mask(*, logps: Tensor, advantages: Tensor, completion_mask: Tensor
     return completion_mask.bool() & positive & rare
 
 
+def _candidates(cfg: ObjectiveConfig, candidates: Tensor | None, logps, advantages, completion_mask) -> Tensor:
+    """The micro-batch's S2T candidates: those ``policy_loss`` computed once, else computed here."""
+    if candidates is not None:
+        return candidates
+    return candidate_mask(logps=logps, advantages=advantages, completion_mask=completion_mask, tau_p=cfg.tau_p)
+
+
 def silence_mask(
     *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor, tau_p: float, q: float,
-    gather: bool = True, tau_h: float | None = None,
+    gather: bool = True, tau_h: float | None = None, candidates: Tensor | None = None,
 ) -> Tensor:
     """STAPO's S2T mask (paper Eq. stapo_loss): True = silenced spurious token. Bool [B, T].
 
@@ -260,9 +283,10 @@ def silence_mask(
     (this rank's alone with ``gather=False``, for callers that run on one rank only), or the given ``tau_h``
     (mini-batch scope, :func:`step_thresholds`; NaN silences nothing). Strict inequality, so a lone candidate
     (or all-tied candidates) is never silenced, and no candidates means nothing is silenced. Probability and
-    entropy are treated as constants (detached).
+    entropy are treated as constants (detached). ``candidates``: :func:`candidate_mask`'s, when already computed.
     """
-    cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=completion_mask, tau_p=tau_p)
+    cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=completion_mask,
+                          tau_p=tau_p) if candidates is None else candidates
     if tau_h is None:
         pool = entropies.detach()[cand].float()
         pool = _gather_across_ranks(pool) if gather else pool
@@ -275,6 +299,7 @@ def silence_mask(
 def ablation_silence_mask(
     variant: str, *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor,
     tau_p: float, q: float, generator: torch.Generator | None = None, thresholds: Thresholds | None = None,
+    candidates: Tensor | None = None,
 ) -> Tensor:
     """The paper's ablations of S2T (True = silenced), over the same candidate set:
 
@@ -283,7 +308,8 @@ def ablation_silence_mask(
     full    every candidate
     The quantiles are the call's (gathered across ranks) or ``thresholds``' (mini-batch scope).
     """
-    cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=completion_mask, tau_p=tau_p)
+    cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=completion_mask,
+                          tau_p=tau_p) if candidates is None else candidates
     if variant == "full":
         return cand
     h = entropies.detach().float()
@@ -325,18 +351,19 @@ def _s2t_kwargs(cfg: ObjectiveConfig, logps, entropies, advantages, completion_m
 
 @register_token_mask("s2t")
 def s2t_tokens(cfg: ObjectiveConfig, *, logps, entropies, advantages, completion_mask, thresholds: Thresholds,
-               **_) -> tuple[Tensor, Tensor]:
+               candidates=None, **_) -> tuple[Tensor, Tensor]:
     """STAPO: all but the S2T-silenced tokens."""
-    silenced = silence_mask(**_s2t_kwargs(cfg, logps, entropies, advantages, completion_mask), tau_h=thresholds.tau_h)
+    silenced = silence_mask(**_s2t_kwargs(cfg, logps, entropies, advantages, completion_mask), tau_h=thresholds.tau_h,
+                            candidates=candidates)
     return completion_mask & ~silenced, silenced
 
 
 def _ablation(variant: str):
     def mask(cfg: ObjectiveConfig, *, logps, entropies, advantages, completion_mask, thresholds=None,
-             generator=None) -> tuple[Tensor, Tensor]:
+             generator=None, candidates=None, **_) -> tuple[Tensor, Tensor]:
         if generator is None and variant == "random":
             generator = torch.Generator().manual_seed(cfg.seed)
-        silenced = ablation_silence_mask(variant, generator=generator, thresholds=thresholds,
+        silenced = ablation_silence_mask(variant, generator=generator, thresholds=thresholds, candidates=candidates,
                                          **_s2t_kwargs(cfg, logps, entropies, advantages, completion_mask))
         return completion_mask & ~silenced, silenced
     mask.__doc__ = f"STAPO ablation: silence the S2T candidates by :func:`ablation_silence_mask` ({variant!r})."
@@ -349,20 +376,22 @@ for _variant in ("high", "random", "full"):
 
 def kept_mask(
     cfg: ObjectiveConfig, *, logps: Tensor, entropies: Tensor, advantages: Tensor, completion_mask: Tensor,
-    generator: torch.Generator | None = None, thresholds: Thresholds | None = None,
+    generator: torch.Generator | None = None, thresholds: Thresholds | None = None, candidates: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(kept, silenced), Bool [B, T]: the tokens that enter ``cfg.method``'s loss, and those its mask silenced.
 
     thresholds: the optimiser step's (mini-batch scope); None computes them over the call (micro-batch scopes:
     gathered across ranks, or this rank's alone for "micro_batch_local_topk"), and only for a method declared
-    with thresholds.
+    with thresholds. candidates: the call's S2T candidates (:func:`candidate_mask`), computed once by
+    ``policy_loss`` and reused by the thresholds and the mask (None: each computes them).
     """
     m = completion_mask.bool()
     tensors = dict(logps=logps, entropies=entropies, advantages=advantages, completion_mask=m)
     if cfg.thresholds is not None and thresholds is None:
-        gather = cfg.quantile_scope != "micro_batch_local_topk"
-        thresholds = THRESHOLDS[cfg.thresholds](cfg, **tensors, gather=gather)
-    kept, silenced = TOKEN_MASKS[cfg.token_mask](cfg, **tensors, thresholds=thresholds, generator=generator)
+        thresholds = THRESHOLDS[cfg.thresholds](cfg, **tensors, gather=cfg.quantile_scope.gathered,
+                                                candidates=candidates)
+    kept, silenced = TOKEN_MASKS[cfg.token_mask](cfg, **tensors, thresholds=thresholds, generator=generator,
+                                                 candidates=candidates)
     return m & kept, m & silenced
 
 
@@ -388,6 +417,121 @@ def k3_kl(cfg: ObjectiveConfig, logps: Tensor, ref_logps: Tensor) -> Tensor:
     return torch.clamp(torch.exp(delta) - delta - 1.0, -cfg.kl_clip, cfg.kl_clip)
 
 
+class PerToken(NamedTuple):
+    """A method's per-token loss of one micro-batch (all [B, T], fp32)."""
+
+    loss: Tensor  # ℓ, aggregated by policy_loss over the kept tokens as loss_agg_mode says
+    ratio: Tensor  # the importance ratio the clip-fraction metrics read (detached use only)
+    dual: Tensor  # Bool: where the dual-clip cap c·|Â| binds
+    detached: Tensor | None  # Bool: tokens whose gradient the loss itself removes, kept in the denominator
+
+
+# Per-token losses (verl ``register_policy_loss`` style); a method's declaration names one ("vanilla" by default).
+# Uniform signature: loss(cfg, *, logps, old_logps, advantages, completion_mask, generator) -> PerToken, with
+# logps, old_logps [B, T] (padding already zeroed), advantages [B], completion_mask Bool [B, T].
+POLICY_LOSSES: dict[str, Callable[..., PerToken]] = {}
+
+
+def register_policy_loss(name: str):
+    """Register a per-token loss under ``name`` (the ``loss`` of a method's declaration)."""
+    return _registrar(POLICY_LOSSES, "policy loss", name)
+
+
+@register_policy_loss("vanilla")
+def vanilla_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, advantages: Tensor, **_) -> PerToken:
+    """The paper's methods: verl's clipped surrogate with dual clip (module docstring)."""
+    return PerToken(*_clipped_surrogate(cfg, logps, old_logps, advantages), None)
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Σ values over ``mask`` / (Σ mask + 1e-8), as verl's ``masked_mean``."""
+    return torch.where(mask, values, 0.0).sum() / (mask.sum() + 1e-8)
+
+
+def _ppo_terms(cfg: ObjectiveConfig, logps: Tensor, old_logps: Tensor, advantages: Tensor):
+    """Unclamped ratio ρ and the two PPO branches −Âρ, −Â·clip(ρ) [B, T] (verl's Clip-Cov: no log-ratio clamp)."""
+    ratio = torch.exp(logps.float() - old_logps.float())
+    adv = advantages.float().unsqueeze(-1).expand_as(ratio)
+    return ratio, adv, -adv * ratio, -adv * torch.clamp(ratio, 1 - cfg.eps_low, 1 + cfg.eps_high)
+
+
+@register_policy_loss("clip_cov")
+def clip_cov_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, advantages: Tensor,
+                  completion_mask: Tensor, generator: torch.Generator | None = None, **_) -> PerToken:
+    """Clip-Cov (arXiv 2505.22617; verl 0.9.1 ``compute_policy_loss_clip_cov``): the PPO-clip loss, with the gradient
+    of max(1, ⌊r·n⌋) tokens detached (ℓ × 0), drawn at random among the unclipped completion tokens whose
+    covariance (Â − mean Â)(log π − mean log π) lies in (lb, ub); n = the call's completion tokens. The detached
+    tokens stay in the denominator. Random choice: ``generator`` (default: seeded from ``cfg.seed``)."""
+    m = completion_mask
+    ratio, adv, loss1, loss2 = _ppo_terms(cfg, logps, old_logps, advantages)
+    lp = logps.float()
+    with torch.no_grad():
+        cov = (adv - _masked_mean(adv, m)) * (lp - _masked_mean(lp, m))
+        eligible = m & ~(loss2 > loss1) & (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)
+        idx = eligible.nonzero()
+        corr = torch.ones_like(ratio)
+        if len(idx):
+            gen = torch.Generator().manual_seed(cfg.seed) if generator is None else generator
+            perm = torch.randperm(len(idx), generator=gen).to(idx.device)
+            pick = idx[perm[: max(int(cfg.clip_cov_ratio * int(m.sum())), 1)]]
+            corr[pick[:, 0], pick[:, 1]] = 0
+    return PerToken(torch.maximum(loss1, loss2) * corr, ratio.detach(), torch.zeros_like(m), corr == 0)
+
+
+@register_policy_loss("kl_cov")
+def kl_cov_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, advantages: Tensor,
+                completion_mask: Tensor, **_) -> PerToken:
+    """KL-Cov (arXiv 2505.22617; verl 0.9.1 ``compute_policy_loss_kl_cov``): the unclipped surrogate −Âρ, plus
+    β·|log ρ| on the max(1, ⌊k·n⌋) completion tokens of largest covariance (Â − mean Â)(log π − mean log π) of the
+    call (β = ppo_kl_coef, k = kl_cov_ratio). No ratio clip, as verl's."""
+    log_ratio = logps.float() - old_logps.float()
+    ratio = torch.exp(log_ratio)
+    adv = advantages.float().unsqueeze(-1).expand_as(ratio)
+    loss = -adv * ratio
+    with torch.no_grad():
+        valid = completion_mask.flatten().nonzero().squeeze(-1)
+        penalised = torch.zeros_like(completion_mask).flatten()
+        if valid.numel():
+            a, lp = adv.flatten()[valid], logps.detach().float().flatten()[valid]
+            cov = (a - a.mean()) * (lp - lp.mean())
+            k = max(1, int(valid.numel() * cfg.kl_cov_ratio))
+            penalised[valid[torch.topk(cov, k, largest=True).indices]] = True
+    loss = torch.where(penalised.view_as(loss), -adv * ratio + cfg.ppo_kl_coef * log_ratio.abs(), loss)
+    return PerToken(loss, ratio.detach(), torch.zeros_like(completion_mask), None)
+
+
+GSPO_LOG_RATIO_MAX = 10.0  # verl clamps the sequence log-ratio from above only, at 10
+
+
+@register_policy_loss("gspo")
+def gspo_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, advantages: Tensor,
+              completion_mask: Tensor, **_) -> PerToken:
+    """GSPO (arXiv 2507.18071 Eq. 7; verl 0.9.1 ``compute_policy_loss_gspo``; TRL importance_sampling_level=
+    "sequence"): the PPO-clip loss on the length-normalised sequence ratio s_i = exp(mean_t log ρ_it), whose
+    gradient flows per token as s_it = sg(s_i) · π_θ(y_t) / sg(π_θ(y_t)); log s_it ≤ 10. No dual clip."""
+    lp = logps.float()
+    log_ratio = lp - old_logps.float()
+    seq = torch.sum(log_ratio * completion_mask, dim=-1) / completion_mask.sum(-1).clamp(min=1)
+    log_s = torch.clamp(lp - lp.detach() + seq.detach().unsqueeze(-1), max=GSPO_LOG_RATIO_MAX)
+    s = torch.exp(log_s)
+    adv = advantages.float().unsqueeze(-1).expand_as(s)
+    loss = torch.maximum(-adv * s, -adv * torch.clamp(s, 1 - cfg.eps_low, 1 + cfg.eps_high))
+    return PerToken(loss, s.detach(), torch.zeros_like(completion_mask), None)
+
+
+@register_policy_loss("cispo")
+def cispo_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, advantages: Tensor,
+               completion_mask: Tensor, **_) -> PerToken:
+    """CISPO (arXiv 2506.13585 Eq. 4; verl 0.9.1 ``compute_policy_loss_cispo``; TRL loss_type="cispo"):
+    ℓ = −sg(clip(ρ, 1 − ε_low, 1 + ε_high)) · Â · log π_θ(y_t): every token keeps its gradient, weighted by the
+    clipped importance ratio (log ρ clamped to ±log_ratio_clip)."""
+    lp = logps.float()
+    ratio = torch.exp(torch.clamp(lp - old_logps.float(), -cfg.log_ratio_clip, cfg.log_ratio_clip))
+    weight = torch.clamp(ratio, 1 - cfg.eps_low, 1 + cfg.eps_high).detach()
+    adv = advantages.float().unsqueeze(-1).expand_as(lp)
+    return PerToken(-weight * adv * lp, ratio.detach(), torch.zeros_like(completion_mask), None)
+
+
 def policy_loss(
     cfg: ObjectiveConfig,
     *,
@@ -400,6 +544,7 @@ def policy_loss(
     token_normalizer: Tensor | float | None = None,
     generator: torch.Generator | None = None,
     thresholds: Thresholds | None = None,
+    tokens: dict | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss of one micro-batch for ``cfg.method`` and its metrics (see the module docstring for the equations).
 
@@ -411,6 +556,8 @@ def policy_loss(
     thresholds: the optimiser step's entropy thresholds (:func:`step_thresholds`, "mini_batch" scope); None takes
         them over this call's tokens ("micro_batch": gathered from every rank; "micro_batch_local_topk": this
         rank's alone, 20-Entropy by exact top-k).
+    tokens: if given, filled with this call's Bool [B, T] ``candidates`` (S2T's, computed once here), ``kept`` and
+        ``silenced``, for callers that report on them (the trainer's token diagnostics) without recomputing them.
     Returns a scalar fp32 loss (finite zero with a grad_fn on an all-masked or empty batch) and float metrics:
     entropy_mean (over all completion tokens, whatever the method), candidate/silenced/kept_fraction (of
     completion tokens), clip_fraction_low/high, clip_fraction, clip_fraction_dual, ratio_mean, kl_mean.
@@ -420,9 +567,14 @@ def policy_loss(
     logps, old_logps, entropies = (torch.where(m, t, torch.zeros_like(t)) for t in (logps, old_logps, entropies))
     if ref_logps is not None:
         ref_logps = torch.where(m, ref_logps, torch.zeros_like(ref_logps))
-    per_token, ratio, dual = _clipped_surrogate(cfg, logps, old_logps, advantages)
+    per_token, ratio, dual, detached = POLICY_LOSSES[cfg.loss](cfg, logps=logps, old_logps=old_logps,
+                                                               advantages=advantages, completion_mask=m,
+                                                               generator=generator)
+    cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=m, tau_p=cfg.tau_p)  # once
     kept, silenced = kept_mask(cfg, logps=logps, entropies=entropies, advantages=advantages, completion_mask=m,
-                               generator=generator, thresholds=thresholds)
+                               generator=generator, thresholds=thresholds, candidates=cand)
+    if detached is not None:  # a loss's own zero-gradient tokens (Clip-Cov) stay in the denominator
+        silenced = silenced | detached
 
     kl = None
     if cfg.kl_beta > 0 or ref_logps is not None:
@@ -434,26 +586,27 @@ def policy_loss(
 
     # where(), not multiplication: a masked position's value never reaches the loss or its gradient.
     masked = torch.where(kept, per_token, torch.zeros_like(per_token))
-    if token_normalizer is not None and cfg.loss_agg_mode != "token-mean":
-        raise ValueError(f"token_normalizer is not defined for loss_agg_mode {cfg.loss_agg_mode!r}")
-    if cfg.loss_agg_mode == "seq-mean-token-mean":
+    if token_normalizer is not None and not cfg.loss_agg_mode.step_normaliser:
+        raise ValueError(f"token_normalizer is not defined for loss_agg_mode {cfg.loss_agg_mode.value!r}")
+    if cfg.loss_agg_mode.per_sequence:
         per_seq = masked.sum(-1) / kept.sum(-1).clamp(min=1)
         loss = per_seq.sum() / max(1, per_seq.numel())
     else:
         denom = kept.sum().clamp(min=1) if token_normalizer is None else token_normalizer
         loss = masked.sum() / denom
 
-    metrics = _metrics(cfg, m, kept, silenced, ratio, dual, entropies, logps, advantages, kl)
+    metrics = _metrics(cfg, m, kept, silenced, ratio, dual, entropies, cand, advantages, kl)
+    if tokens is not None:
+        tokens.update(candidates=cand, kept=kept, silenced=silenced)
     return loss, metrics
 
 
-def _metrics(cfg, m, kept, silenced, ratio, dual, entropies, logps, advantages, kl) -> dict[str, float]:
+def _metrics(cfg, m, kept, silenced, ratio, dual, entropies, cand, advantages, kl) -> dict[str, float]:
     with torch.no_grad():
         n = max(1, int(m.sum()))
         adv = advantages.float().unsqueeze(-1)
         low = m & (ratio < 1.0 - cfg.eps_low) & (adv < 0)
         high = m & (ratio > 1.0 + cfg.eps_high) & (adv > 0)
-        cand = candidate_mask(logps=logps, advantages=advantages, completion_mask=m, tau_p=cfg.tau_p)
         return {
             "entropy_mean": float(torch.where(m, entropies.float(), 0.0).sum() / n),
             "candidate_fraction": float(cand.sum()) / n,

@@ -37,6 +37,8 @@ the last backward, so gradients cannot be rescaled) the per-micro-batch normalis
 global kept fraction — exact for justrl, approximate (error ~ the silenced fraction, < 1e-4 in the paper) for
 stapo/entropy20; a warning says so. The run's config.yaml records the engine and normaliser (trl.engine,
 trl.normaliser).
+The related methods that own their loss go through the same normalisers: clip_cov, kl_cov and cispo are token-mean
+(nothing is dropped from the denominator: exact under DeepSpeed too), gspo sequence-mean as GRPO.
 GRPO (sequence-mean) is weighted by n / N, i.e. divided by gradient_accumulation_steps as TRL does for its "grpo"
 loss when micro-batches are of fixed size.
 ``loss_agg_mode: token-mean-per-micro-batch`` (verl 0.4.0, JustRL's own trainer) has no step normaliser: each
@@ -96,6 +98,7 @@ from stapo.step_cost import StepClock, model_flop_params, update_flops
 from stapo.schedule import optimizer_steps_per_rollout, per_rollout_schedule, rollout_step
 from stapo import study
 from stapo.study import ObjectiveConfig, Plan, StudyError, TrainSettings, accumulation
+from stapo.study.objective import AggMode
 from stapo.study.train import trl_micro_batch
 from stapo.vllm_settings import trl_vllm_kwargs
 
@@ -121,12 +124,12 @@ class Normaliser(str, Enum):
         return self in (Normaliser.GRPO_SEQ_MEAN, Normaliser.MICRO_BATCH_TOKEN_MEAN)
 
     @classmethod
-    def choose(cls, loss_agg_mode: str, deepspeed: bool) -> Normaliser:
+    def choose(cls, loss_agg_mode: AggMode, deepspeed: bool) -> Normaliser:
         """deepspeed: the engine steps inside the last backward. Every other engine (one process, DDP, FSDP, whose
         gradients are local shards that one scalar scales exactly) rescales after the step's last backward."""
-        if loss_agg_mode == "token-mean-per-micro-batch":
+        if loss_agg_mode.per_micro_batch_token_mean:
             return cls.MICRO_BATCH_TOKEN_MEAN
-        if loss_agg_mode != "token-mean":
+        if loss_agg_mode.per_sequence:
             return cls.GRPO_SEQ_MEAN
         return cls.DEEPSPEED_KEPT_FRACTION if deepspeed else cls.EXACT_RESCALE
 
@@ -164,7 +167,7 @@ class StapoGRPOTrainer(GRPOTrainer):
 
     @property
     def _mini_batch_scope(self) -> bool:
-        return self.objective.uses_thresholds and self.objective.quantile_scope == "mini_batch"
+        return self.objective.step_thresholds
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """The recipe's schedule in rollout steps, advanced once per rollout batch (stapo.schedule)."""
@@ -287,21 +290,22 @@ class StapoGRPOTrainer(GRPOTrainer):
         logps, entropies = self._forward(model, inputs)
         old_logps = inputs.get("old_per_token_logps")
         training = self.model.training
-        if training and self._diagnostics is not None:
-            self._diagnostics.tau_h = self._thresholds.tau_h if self._thresholds and self._mini_batch_scope else None
-            self._diagnostics.observe(model=self.accelerator.unwrap_model(model), inputs=inputs, logps=logps,
-                                      old_logps=logps.detach() if old_logps is None else old_logps,
-                                      entropies=entropies)
         if training and self._window is None:  # the optimiser step's first micro-batch
             rescaled = not self._normaliser.per_micro_batch  # a step normaliser c (module docstring)
             self._window = StepAccumulator(normaliser=self._provisional_normalizer(inputs) if rescaled else None)
+        tokens: dict = {}  # the objective's candidates, for the diagnostics (τ_p tested once per micro-batch)
         loss, metrics = policy_loss(
             self.objective, logps=logps, old_logps=logps.detach() if old_logps is None else old_logps,
             advantages=inputs["advantages"], entropies=entropies, completion_mask=completion_mask,
             ref_logps=inputs.get("ref_per_token_logps") if self.beta != 0.0 else None,
             token_normalizer=self._window.normaliser if training else None,
-            thresholds=self._thresholds if training and self._mini_batch_scope else None,
+            thresholds=self._thresholds if training and self._mini_batch_scope else None, tokens=tokens,
         )
+        if training and self._diagnostics is not None:  # after the objective, whose candidates it reuses
+            self._diagnostics.tau_h = self._thresholds.tau_h if self._thresholds and self._mini_batch_scope else None
+            self._diagnostics.observe(model=self.accelerator.unwrap_model(model), inputs=inputs, logps=logps,
+                                      old_logps=logps.detach() if old_logps is None else old_logps,
+                                      entropies=entropies, candidates=tokens["candidates"])
         if training and self._normaliser is Normaliser.DEEPSPEED_KEPT_FRACTION:
             loss = loss * self._kept_fraction_correction(metrics, completion_mask)
         if training and self._normaliser.per_micro_batch:  # its share n / N of the process's step (verl, TRL)
@@ -396,9 +400,6 @@ def training_engine() -> str:
 # --------------------------------------------------------------------------------------------------- build
 
 
-# TRL's loss_type of the same aggregation (StapoGRPOTrainer computes its own loss; plain TRL runs and logs read it)
-TRL_LOSS_TYPE = {"token-mean": "dapo", "token-mean-per-micro-batch": "bnpo", "seq-mean-token-mean": "grpo"}
-
 # transformers 5.x renamed gradient_checkpointing (deprecated alias kept until v6)
 _CHECKPOINTING_FIELD = ("activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__
                         else "gradient_checkpointing")
@@ -425,7 +426,7 @@ def grpo_config(plan: Plan, out: Path, num_processes: int = 1, *, deepspeed: boo
         steps_per_generation=steps_per_generation, num_generations=s.num_generations,
         num_iterations=s.num_iterations, max_completion_length=s.max_completion_length,
         temperature=s.temperature, top_p=s.top_p, scale_rewards=s.scale_rewards,
-        loss_type=TRL_LOSS_TYPE[obj.loss_agg_mode], beta=obj.kl_beta,
+        loss_type=obj.loss_agg_mode.trl_loss_type, beta=obj.kl_beta,  # plain TRL runs and logs read it
         use_bias_correction_kl=False,  # plain k3, as policy_loss computes it
         epsilon=obj.eps_low, epsilon_high=obj.eps_high, mask_truncated_completions=False,
         **trl_vllm_kwargs(s),  # device-aware engine settings + recipe overrides; fails fast without vLLM
@@ -471,7 +472,7 @@ def _resolved_config(plan: Plan, config: GRPOConfig, engine: str = "single") -> 
     normaliser = Normaliser.choose(plan.objective.loss_agg_mode, deepspeed=engine == "deepspeed")
     return {
         "model": {"key": plan.model_key, "spec": plan.model_spec},
-        "method": {"key": plan.method_key, **asdict(plan.objective)},
+        "method": {"key": plan.method_key, **plan.objective.as_dict()},
         "train": asdict(plan.settings),
         "trl": {"optimizer_steps_per_rollout": optimizer_steps_per_rollout(plan.settings),
                 "max_steps": config.max_steps, "save_steps": config.save_steps,

@@ -20,6 +20,7 @@ from stapo.objectives import (
     step_thresholds,
     top_k_count,
     Thresholds,
+    POLICY_LOSSES,
     THRESHOLDS,
     TOKEN_MASKS,
 )
@@ -635,12 +636,35 @@ class _ReadProbe:
         return getattr(self._real, name)
 
 
+def _gradient_contract(cfg, decl, x, real, *, live_required):
+    """Masked tokens and the loss's own detached ones get exactly zero gradient; kept ones inside its clip region
+    (read from its ratio) do not. Returns (metrics, kept)."""
+    m = x["completion_mask"].bool()
+    tensors = {k: x[k] for k in ("logps", "entropies", "advantages", "completion_mask")}
+    ref = x["logps"].detach() + 0.1 if cfg.kl_beta > 0 else None
+    loss, metrics = policy_loss(cfg, ref_logps=ref, thresholds=real if decl.thresholds else None, **x)
+    loss.backward()
+    g = x["logps"].grad
+    kept, _ = kept_mask(cfg, thresholds=real if decl.thresholds else None, **tensors)
+    assert torch.all(g[~kept] == 0)
+    own = POLICY_LOSSES[decl.loss](cfg, logps=x["logps"].detach(), old_logps=x["old_logps"],
+                                   advantages=x["advantages"], completion_mask=m)
+    ratio = own.ratio if decl.loss != "vanilla" else torch.exp(x["logps"] - x["old_logps"]).detach()
+    live = kept & (ratio > 1 - cfg.eps_low) & (ratio < 1 + cfg.eps_high) & (x["advantages"] != 0).unsqueeze(-1)
+    if own.detached is not None:
+        assert torch.all(g[own.detached] == 0)
+        live &= ~own.detached
+    assert torch.all(g[live] != 0) and (live.any() or not live_required)
+    return metrics, kept
+
+
 @pytest.mark.parametrize("method", list(DECLARED))
 def test_every_declared_method_keeps_its_contract(method):
     """Runs over stapo/methods.py: a new declaration is checked here without editing this test."""
     decl, cfg = DECLARED[method], get_objective(method)
     assert decl.token_mask in TOKEN_MASKS, f"{method}: token mask {decl.token_mask!r} is not registered"
     assert decl.thresholds is None or decl.thresholds in THRESHOLDS
+    assert decl.loss in POLICY_LOSSES, f"{method}: loss {decl.loss!r} is not registered"
     assert decl.label and decl.key == method
     x = _random_batch(B=6, T=24, rare_fraction=0.4, seed=7)
     m = x["completion_mask"].bool()
@@ -654,15 +678,11 @@ def test_every_declared_method_keeps_its_contract(method):
     assert kept.dtype == silenced.dtype == torch.bool and kept.shape == silenced.shape == m.shape
     assert not (kept & silenced).any() and not (silenced & ~m).any()
     # masked tokens get exactly zero gradient, kept ones (inside the clip region) do not
-    ref = x["logps"].detach() + 0.1 if cfg.kl_beta > 0 else None
-    loss, metrics = policy_loss(cfg, ref_logps=ref, thresholds=real if decl.thresholds else None, **x)
-    loss.backward()
-    g = x["logps"].grad
-    kept, _ = kept_mask(cfg, thresholds=real if decl.thresholds else None, **tensors)
-    assert torch.all(g[~kept] == 0)
-    ratio = torch.exp(x["logps"] - x["old_logps"]).detach()
-    live = kept & (ratio > 1 - cfg.eps_low) & (ratio < 1 + cfg.eps_high) & (x["advantages"] != 0).unsqueeze(-1)
-    assert live.any() and torch.all(g[live] != 0)
+    metrics, kept = _gradient_contract(cfg, decl, x, real, live_required=decl.loss == "vanilla")
+    if decl.loss != "vanilla":  # its own trust region may clip every random ratio (GSPO: 3e-4): also on-policy
+        on_policy = {**x, "logps": x["logps"].detach().clone().requires_grad_(True),
+                     "old_logps": x["logps"].detach().clone()}
+        _gradient_contract(cfg, decl, on_policy, real, live_required=True)
     assert metrics["kept_fraction"] == pytest.approx(float(kept.sum() / m.sum()))
     # finite zero loss with a graph on empty and all-masked batches
     for B, T in ((3, 4), (0, 4), (3, 0)):
@@ -825,3 +845,56 @@ def test_local_scope_never_gathers_across_ranks(monkeypatch):
     assert silenced.int().tolist() == [[1, 1, 1, 0, 0]] and calls == []
     _, silenced = kept_mask(get_objective("stapo", quantile_scope="micro_batch"), **t)
     assert silenced.sum() == 0 and calls == [5]
+
+
+# ----------------------------------------------- aggregation and scope: enums that carry their behaviour
+
+
+def test_aggregation_and_scope_are_enums_with_their_behaviour():
+    """YAML strings parse into the enums; the trainer, objectives and diagnostics read their attributes; what a run
+    records (json, yaml.safe_dump) is the plain string."""
+    import json
+
+    import yaml
+
+    from stapo.study.objective import AggMode, QuantileScope
+
+    cfg = _local_topk("entropy20")
+    assert cfg.loss_agg_mode is AggMode.TOKEN_MEAN_PER_MICRO_BATCH
+    assert cfg.quantile_scope is QuantileScope("micro_batch_local_topk")
+    assert cfg.loss_agg_mode == "token-mean-per-micro-batch" and f"{cfg.loss_agg_mode}" == "token-mean-per-micro-batch"
+    assert [m.trl_loss_type for m in AggMode] == ["dapo", "bnpo", "grpo"]
+    assert [m.step_normaliser for m in AggMode] == [True, False, False]
+    assert [m.per_sequence for m in AggMode] == [False, False, True]
+    assert [s.per_step for s in QuantileScope] == [True, False, False]
+    assert [s.gathered for s in QuantileScope] == [True, True, False]
+    assert list(AGG_MODES) == [m.value for m in AggMode] and list(SCOPES) == [s.value for s in QuantileScope]
+    recorded = cfg.as_dict()
+    assert type(recorded["loss_agg_mode"]) is str and type(recorded["quantile_scope"]) is str
+    assert yaml.safe_load(yaml.safe_dump(recorded)) == recorded
+    assert json.loads(json.dumps({"m": cfg.loss_agg_mode})) == {"m": "token-mean-per-micro-batch"}
+    # a loss's own parameters are recorded for its method alone: the others' records stay as they were
+    assert "clip_cov_ratio" not in METHODS["stapo"].as_dict() and "clip_cov_ratio" in METHODS["clip_cov"].as_dict()
+    assert "ppo_kl_coef" in METHODS["kl_cov"].as_dict() and "kl_cov_ratio" not in METHODS["clip_cov"].as_dict()
+
+
+def test_every_objective_field_documents_itself():
+    """TRL style: each field's documentation is its metadata["help"] (the schema generator reads it)."""
+    import dataclasses
+
+    for f in dataclasses.fields(ObjectiveConfig):
+        assert len(f.metadata.get("help", "")) > 20, f.name
+
+
+def test_no_string_dispatch_on_aggregation_or_scope():
+    """loss_agg_mode / quantile_scope are compared nowhere outside their enums (stapo/study/objective.py)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "stapo"
+    pattern = re.compile(r"(loss_agg_mode|quantile_scope)\S*\s*(==|!=|\bin\b|\bnot in\b)\s|TRL_LOSS_TYPE"
+                         r"|(==|!=)\s*\"(token-mean|token-mean-per-micro-batch|seq-mean-token-mean|mini_batch"
+                         r"|micro_batch|micro_batch_local_topk)\"")
+    hits = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.name != "objective.py"
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert hits == []

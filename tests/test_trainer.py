@@ -19,6 +19,7 @@ torch.set_num_threads(1)  # 2 shared cores: oversubscribed OpenMP threads make t
 from safetensors.torch import load_file  # noqa: E402
 
 import stapo.trainer as T  # noqa: E402
+from stapo.methods import METHODS as DECLARED_METHODS  # noqa: E402
 from stapo import rundir, study  # noqa: E402
 from stapo.objectives import policy_loss  # noqa: E402
 from stapo.rewards import REWARDS  # noqa: E402
@@ -312,6 +313,46 @@ def test_per_micro_batch_gradient_is_the_sequence_weighted_token_means(tmp_path,
         assert max(float((got[n] - glob[n]).abs().max() / glob[n].abs().max()) for n in got) > 0.05
 
 
+@pytest.mark.parametrize("method", ["clip_cov", "kl_cov", "gspo", "cispo"])
+def test_related_methods_accumulate_their_own_loss(tmp_path, method):
+    """The methods that own their loss go through the trainer as the mask methods do: two micro-batches give the
+    gradient of their loss under its aggregation (token-mean: one denominator, the step's tokens; GSPO's
+    seq-mean-token-mean: each micro-batch weighted by its 4 of the step's 8 sequences)."""
+    recipe = tiny_recipe(reward="dapo_strict")
+    recipe["methods"] = {method: {"objective": method}}
+    plan = study.resolve_plan(recipe, "tiny-qwen3", method)
+    trainer = T.build_trainer(plan, tmp_path)
+    assert trainer.args.loss_type == plan.objective.loss_agg_mode.trl_loss_type
+    model = trainer.model
+    model.train()
+    trainer.current_gradient_accumulation_steps = 2  # set by Trainer.train()
+    batches = [_micro_batch(trainer, 5, [6, 3, 6, 2], [1.0, -0.5, 0.8, 0.3], 0),
+               _micro_batch(trainer, 5, [4, 6, 1, 5], [0.6, 1.2, -1.0, 0.9], 1)]
+    model.zero_grad()
+    for inputs in batches:
+        trainer._compute_loss(model, inputs).backward()
+    trainer._close_window(model)
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    model.zero_grad()
+    tokens = sum(float(b["completion_mask"].sum()) for b in batches)
+    global_mean = plan.objective.loss_agg_mode.step_normaliser
+    for inputs in batches:  # reference: the objective alone, the aggregation's weights
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        logps, ent, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, inputs["completion_ids"].size(1),
+                                                                   compute_entropy=True)
+        loss, _ = policy_loss(plan.objective, logps=logps, old_logps=logps.detach(), advantages=inputs["advantages"],
+                              entropies=ent, completion_mask=inputs["completion_mask"],
+                              token_normalizer=tokens if global_mean else None)
+        (loss * (1.0 if global_mean else 0.5)).backward()
+    for name, g in got.items():
+        ref = model.get_parameter(name).grad
+        assert ref.abs().max() > 0, name
+        torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()) + 1e-12,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
 # ---------------------------------------------------------------------------------------- end-to-end (slow)
 
 
@@ -351,6 +392,22 @@ def test_each_method_trains_and_writes_outputs(tmp_path, coin, method):
     after = weights(tmp_path / "checkpoint-1")
     changed = [n for n in before if not torch.equal(before[n], after[n])]
     assert len(changed) >= len(before) // 2, changed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["clip_cov", "kl_cov", "gspo", "cispo"])
+def test_each_related_method_trains_one_step(tmp_path, coin, method):
+    """The methods that own their loss train end to end (one step: cheap); their run records their parameters."""
+    recipe = tiny_recipe(max_steps=1)
+    recipe["methods"] = {method: {"objective": method}}
+    plan = study.resolve_plan(recipe, "tiny-qwen3", method)
+    T.train(plan, tmp_path)
+    (row,) = read_metrics(tmp_path)
+    assert all(row[k] is not None and row[k] == row[k] for k in FIELDS), row
+    assert row["kept_fraction"] == 1.0 and row["grad_norm"] > 0
+    resolved = yaml.safe_load((tmp_path / "config.yaml").read_text())["method"]
+    assert resolved["method"] == method and resolved["loss_agg_mode"] == str(plan.objective.loss_agg_mode)
+    assert set(resolved) >= set(DECLARED_METHODS[method].params)
 
 
 @pytest.mark.slow

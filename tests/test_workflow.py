@@ -82,6 +82,18 @@ def test_ablations_overlay_adds_methods_on_one_model(tmp_path):
     assert job_counts(res.stdout) == {"train_nodes": methods, "evaluate": (methods + 1) * 12 + curve, "report": 1}
 
 
+def test_related_overlay_plans_every_methods_training(tmp_path):
+    """configs/related.yaml: the paper's four and the four related methods, each trained on the paper's recipe."""
+    related = REPO / "configs" / "related.yaml"
+    methods = ["grpo", "entropy20", "justrl", "stapo", "clip_cov", "kl_cov", "gspo", "cispo"]
+    res = snakemake("-n", "--quiet", "rules", "--configfile", PAPER, related, "--", "results/table.md", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert job_counts(res.stdout)["train_nodes"] == len(methods)
+    planned = planned_outputs(tmp_path, "--configfile", PAPER, related)
+    trained = {f.split("/")[2] for f in planned if f.startswith("runs/qwen3-1.7b-base/")}
+    assert trained == set(methods), trained
+
+
 def test_eval_every_sets_the_aime24_curve_jobs(tmp_path):
     extra = tmp_path / "curve.yaml"
     extra.write_text("workflow: {eval_every: 1000}\n")  # max_steps 3000 -> checkpoint-1000, -2000 (+ final)

@@ -1,0 +1,239 @@
+"""The related methods (Clip-Cov, KL-Cov, GSPO, CISPO) against verl 0.9.1's own functions, called as a peer.
+
+verl is installed without its dependencies (``make test`` does: ``pip install --no-deps verl==0.9.1``); importing
+its package pulls ray and more, so the fixture loads ``verl/trainer/ppo/core_algos.py`` and the real
+``verl/utils/torch_functional.py`` (agg_loss's masked_sum) from the installed files, with the few modules they
+import at the top stubbed in ``sys.modules`` for the duration of the load and restored after. The comparison: our
+``policy_loss`` and verl's ``compute_policy_loss_<name>`` on the same random inputs, loss and gradient with respect
+to the log-probs, ≤ 1e-6 relative, for each aggregation the method supports, several seeds and shapes; deliberately
+broken variants must fail it (so the comparison can fail).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from stapo.objectives import POLICY_LOSSES, policy_loss, register_policy_loss, vanilla_loss
+from stapo.study import get_objective
+
+VERL_VERSION = "0.9.1"
+TOLERANCE = 1e-6
+VERL_FUNCTION = {"clip_cov": "compute_policy_loss_clip_cov", "kl_cov": "compute_policy_loss_kl_cov",
+                 "gspo": "compute_policy_loss_gspo", "cispo": "compute_policy_loss_cispo"}
+# aggregations each method is compared under ("token-mean-per-micro-batch" on one micro-batch is verl's token-mean)
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "token-mean-per-micro-batch")
+VERL_AGG = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean",
+            "token-mean-per-micro-batch": "token-mean"}
+SHAPES = ((4, 9), (7, 33), (16, 64))
+SEEDS = (0, 1, 2)
+
+
+def _module(name: str, path: Path | None = None, **attrs) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    if path is not None:
+        mod.__path__ = [str(path)]
+    mod.__dict__.update(attrs)
+    return mod
+
+
+def _load(name: str, path: Path) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class ActorConfig:
+    """What verl's policy losses read of its ``ActorConfig`` (verl/workers/config/actor.py)."""
+
+    def __init__(self, *, clip_ratio_low: float, clip_ratio_high: float, **policy_loss):
+        self.clip_ratio = clip_ratio_low
+        self.clip_ratio_low, self.clip_ratio_high = clip_ratio_low, clip_ratio_high
+        self.policy_loss = types.SimpleNamespace(**policy_loss)
+        self.global_batch_info = {}  # one process: agg_loss normalises by this call's tokens / sequences
+
+    def get(self, key, default=None):
+        return getattr(self, key, default)
+
+
+@pytest.fixture(scope="module")
+def core_algos():
+    """verl 0.9.1's ``verl.trainer.ppo.core_algos`` module, loaded from the installed files (module docstring)."""
+    spec = importlib.util.find_spec("verl")  # locates the package without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(f"verl {VERL_VERSION} is not installed (make test installs it: pip install --no-deps "
+                    f"verl=={VERL_VERSION})")
+    root = Path(spec.submodule_search_locations[0])
+    assert (root / "version" / "version").read_text().strip() == VERL_VERSION
+    stubs = {
+        "verl": _module("verl", root),
+        "verl.utils": _module("verl.utils", root / "utils", as_torch_index=None, group_mean_std=None),
+        "verl.utils.device": _module("verl.utils.device", get_device_name=lambda: "cpu",
+                                     get_torch_device=lambda: torch.cpu),
+        "verl.utils.import_utils": _module("verl.utils.import_utils", deprecated=lambda *a, **k: (lambda f: f)),
+        "verl.trainer": _module("verl.trainer", root / "trainer"),
+        "verl.trainer.ppo": _module("verl.trainer.ppo", root / "trainer" / "ppo"),
+        "verl.trainer.config": _module("verl.trainer.config", AlgoConfig=type("AlgoConfig", (), {})),
+        "verl.workers": _module("verl.workers", root / "workers"),
+        "verl.workers.config": _module("verl.workers.config", ActorConfig=ActorConfig),
+        "tensordict": _module("tensordict", TensorDict=dict),
+    }
+    if importlib.util.find_spec("omegaconf") is None:
+        stubs["omegaconf"] = _module("omegaconf", DictConfig=type("DictConfig", (), {}))
+    loaded = ("verl.utils.torch_functional", "verl.trainer.ppo.core_algos")
+    saved = {name: sys.modules.get(name) for name in (*stubs, *loaded)}
+    sys.modules.update(stubs)
+    try:
+        stubs["verl.utils"].torch_functional = _load(loaded[0], root / "utils" / "torch_functional.py")
+        yield _load(loaded[1], root / "trainer" / "ppo" / "core_algos.py")
+    finally:
+        for name, mod in saved.items():
+            if mod is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = mod
+
+
+def _inputs(B: int, T: int, seed: int, noise: float) -> dict:
+    """Random log-probs (a fifth rare, π < 0.002), old = new + noise, advantages [B] of both signs, masks with
+    1..T tokens per row and random (finite) values in the padding."""
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.rand(B, T, generator=g) * 0.9 + 0.05
+    probs = torch.where(torch.rand(B, T, generator=g) < 0.2, torch.rand(B, T, generator=g) * 0.002, probs)
+    logps = probs.log()
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    return dict(logps=logps, old_logps=logps + noise * torch.randn(B, T, generator=g),
+                advantages=torch.randn(B, generator=g),
+                completion_mask=(torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).int())
+
+
+def _ours(cfg, x: dict, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    logps = x["logps"].clone().requires_grad_(True)
+    loss, _ = policy_loss(cfg, logps=logps, old_logps=x["old_logps"], advantages=x["advantages"],
+                          entropies=torch.zeros_like(logps), completion_mask=x["completion_mask"],
+                          generator=torch.Generator().manual_seed(seed))
+    loss.backward()
+    return loss.detach(), logps.grad
+
+
+def _verl(core_algos, method: str, cfg, x: dict, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    config = ActorConfig(clip_ratio_low=cfg.eps_low, clip_ratio_high=cfg.eps_high, clip_cov_ratio=cfg.clip_cov_ratio,
+                         clip_cov_lb=cfg.clip_cov_lb, clip_cov_ub=cfg.clip_cov_ub, kl_cov_ratio=cfg.kl_cov_ratio,
+                         ppo_kl_coef=cfg.ppo_kl_coef)
+    logps = x["logps"].clone().requires_grad_(True)
+    mask = x["completion_mask"]
+    advantages = x["advantages"].unsqueeze(-1).expand_as(logps).contiguous()  # verl's token-level advantages
+    torch.manual_seed(seed)  # Clip-Cov's random choice: verl draws from the global generator
+    loss, _ = getattr(core_algos, VERL_FUNCTION[method])(x["old_logps"], logps, advantages, mask,
+                                                         loss_agg_mode=VERL_AGG[cfg.loss_agg_mode.value],
+                                                         config=config)
+    loss.backward()
+    return loss.detach(), logps.grad
+
+
+def _relative_differences(a, b) -> tuple[float, float]:
+    (la, ga), (lb, gb) = a, b
+    return (float((la - lb).abs() / lb.abs().clamp(min=1e-12)),
+            float((ga - gb).abs().max() / gb.abs().max().clamp(min=1e-12)))
+
+
+def max_relative_differences(core_algos, method: str, **overrides) -> tuple[float, float]:
+    """The largest (loss, gradient) relative difference over AGGREGATIONS × SHAPES × SEEDS × two ratio spreads."""
+    worst = (0.0, 0.0)
+    for agg in AGGREGATIONS:
+        cfg = get_objective(method, loss_agg_mode=agg, **overrides)
+        for (B, T) in SHAPES:
+            for seed in SEEDS:
+                for noise in (0.2, 1e-4):  # GSPO's 3e-4 trust region clips every sequence at the wider spread
+                    x = _inputs(B, T, seed, noise)
+                    diff = _relative_differences(_ours(cfg, x, seed), _verl(core_algos, method, cfg, x, seed))
+                    worst = tuple(max(w, d) for w, d in zip(worst, diff))
+    return worst
+
+
+@pytest.mark.parametrize("method, overrides", [
+    ("clip_cov", {}), ("clip_cov", {"clip_cov_ratio": 0.2}),  # the default detaches 1 token: also many
+    ("kl_cov", {}), ("kl_cov", {"kl_cov_ratio": 0.2}),
+    ("gspo", {}), ("gspo", {"eps_low": 0.2, "eps_high": 0.28}),
+    ("cispo", {}), ("cispo", {"eps_low": 0.2, "eps_high": 0.28}),
+])
+def test_equals_verl(core_algos, method, overrides):
+    loss_diff, grad_diff = max_relative_differences(core_algos, method, **overrides)
+    assert loss_diff <= TOLERANCE and grad_diff <= TOLERANCE, (method, overrides, loss_diff, grad_diff)
+
+
+@pytest.fixture
+def broken_loss(monkeypatch):
+    """Register a deliberately wrong loss under a method's name for one test."""
+    def install(name: str, fn):
+        monkeypatch.setitem(POLICY_LOSSES, name, fn)
+    return install
+
+
+def _no_stop_gradient_cispo(cfg, *, logps, old_logps, advantages, **_):
+    ratio = torch.exp(torch.clamp(logps.float() - old_logps.float(), -20, 20))
+    weight = torch.clamp(ratio, 1 - cfg.eps_low, 1 + cfg.eps_high)  # gradient through the weight: wrong
+    loss = -weight * advantages.float().unsqueeze(-1) * logps.float()
+    return POLICY_LOSSES["vanilla"](cfg, logps=logps, old_logps=old_logps, advantages=advantages)._replace(loss=loss)
+
+
+@pytest.mark.parametrize("method, wrong, overrides", [
+    ("gspo", vanilla_loss, {"eps_low": 0.2, "eps_high": 0.28}),  # token-level ratio instead of the sequence's
+    ("clip_cov", vanilla_loss, {"clip_cov_ratio": 0.2}),  # no covariance detach
+    ("kl_cov", vanilla_loss, {"kl_cov_ratio": 0.2}),  # clipped surrogate, no |log ρ| penalty
+    ("cispo", _no_stop_gradient_cispo, {}),
+])
+def test_broken_variants_fail_the_comparison(core_algos, broken_loss, method, wrong, overrides):
+    broken_loss(method, wrong)
+    loss_diff, grad_diff = max_relative_differences(core_algos, method, **overrides)
+    assert max(loss_diff, grad_diff) > 1e-3, (method, loss_diff, grad_diff)
+
+
+def test_clip_cov_detached_tokens_stay_in_the_denominator():
+    """Clip-Cov is a loss, not a mask: a detached token contributes 0 to the sum and 1 to the count."""
+    cfg = get_objective("clip_cov", clip_cov_ratio=0.5, clip_cov_lb=-1e9, clip_cov_ub=1e9)
+    x = _inputs(3, 8, 0, 0.0)  # on-policy: nothing is clipped, every token is eligible
+    own = POLICY_LOSSES["clip_cov"](cfg, logps=x["logps"], old_logps=x["old_logps"], advantages=x["advantages"],
+                                    completion_mask=x["completion_mask"].bool(),
+                                    generator=torch.Generator().manual_seed(0))
+    n = int(x["completion_mask"].sum())
+    assert int(own.detached.sum()) == int(0.5 * n)
+    loss, metrics = _ours(cfg, x, 0)[0], policy_loss(cfg, entropies=torch.zeros_like(x["logps"]),
+                                                      generator=torch.Generator().manual_seed(0), **x)[1]
+    kept = x["completion_mask"].bool() & ~own.detached
+    expected = (-x["advantages"].unsqueeze(-1).expand_as(x["logps"]))[kept].sum() / n  # ratio 1
+    assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+    assert metrics["kept_fraction"] == 1.0 and metrics["silenced_fraction"] == pytest.approx(int(0.5 * n) / n)
+
+
+def test_a_new_loss_is_one_declaration_and_its_function(monkeypatch):
+    """README "Add a method", the loss kind: a REINFORCE loss −Â·log π, declared and registered, trains through
+    policy_loss with the shared aggregation."""
+    import stapo.methods
+    import stapo.study.objective as objective_module
+    from stapo import study
+
+    monkeypatch.setattr(stapo.methods, "METHODS", dict(stapo.methods.METHODS))
+    monkeypatch.setattr(objective_module, "METHODS", stapo.methods.METHODS)
+    monkeypatch.setattr(study, "METHODS", stapo.methods.METHODS)
+    monkeypatch.setattr("stapo.objectives.POLICY_LOSSES", dict(POLICY_LOSSES))
+
+    @register_policy_loss("reinforce")
+    def reinforce(cfg, *, logps, old_logps, advantages, completion_mask, **_):
+        loss = -advantages.float().unsqueeze(-1) * logps.float()
+        return vanilla_loss(cfg, logps=logps, old_logps=old_logps, advantages=advantages)._replace(loss=loss)
+
+    stapo.methods.declare("reinforce", label="REINFORCE", loss="reinforce")
+    cfg = study.parse({"study": "s", "methods": {"rf": {"objective": "reinforce"}}}, required=()).methods["rf"]
+    x = _inputs(2, 3, 0, 0.0)
+    x["completion_mask"] = torch.ones(2, 3, dtype=torch.int)
+    loss, grad = _ours(cfg, x, 0)
+    assert float(loss) == pytest.approx(float(-(x["advantages"].unsqueeze(-1) * x["logps"]).sum() / 6), rel=1e-6)
+    torch.testing.assert_close(grad, (-x["advantages"] / 6).unsqueeze(-1).expand(2, 3))
