@@ -704,7 +704,6 @@ def test_a_new_method_is_one_declaration_and_its_mask(monkeypatch):
     import stapo.study.objective as objective_module
 
     monkeypatch.setattr(objective_module, "METHODS", stapo.methods.METHODS)
-    monkeypatch.setattr(study, "METHODS", stapo.methods.METHODS)
 
     @obj.register_token_mask("low_prob_positive")
     def low_prob_positive(cfg, *, logps, advantages, completion_mask, **_):

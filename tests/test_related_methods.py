@@ -222,7 +222,6 @@ def test_a_new_loss_is_one_declaration_and_its_function(monkeypatch):
 
     monkeypatch.setattr(stapo.methods, "METHODS", dict(stapo.methods.METHODS))
     monkeypatch.setattr(objective_module, "METHODS", stapo.methods.METHODS)
-    monkeypatch.setattr(study, "METHODS", stapo.methods.METHODS)
     monkeypatch.setattr("stapo.objectives.POLICY_LOSSES", dict(POLICY_LOSSES))
 
     @register_policy_loss("reinforce")

@@ -13,7 +13,7 @@ import yaml
 from stapo import names
 from stapo.fields import schema_of
 from stapo.limits import BOUNDS, MAX_SEEDS
-from stapo.methods import METHODS
+from stapo import methods as declared  # read at call time: a method declared later is in the enum
 from stapo.study.evaluation import BenchmarkEntry, EvalSection
 from stapo.study.objective import ObjectiveConfig
 from stapo.study.sections import KEY_PATTERN, KEY_RULE, ModelEntry, WorkflowSection
@@ -40,7 +40,7 @@ def _train(description: str) -> dict:
 def _methods() -> dict:
     entry = schema_of(ObjectiveConfig, drop={"method"}, required=["objective"])
     entry["properties"] = {
-        "objective": {"type": "string", "enum": list(METHODS),
+        "objective": {"type": "string", "enum": list(declared.METHODS),
                       "description": "a declared method (stapo/methods.py): its mask or loss and its defaults"},
         "label": {"type": "string", "minLength": 1, "description": "what tables and figures show (default: the "
                   "method's)"},
