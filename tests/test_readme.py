@@ -46,6 +46,9 @@ CHEAP = {
     "snakemake --profile workflow/profiles/local results/table.md": (
         "snakemake -n --profile workflow/profiles/local results/table.md", "dry run: the paper's GPU study"),
     "stapo plan": ("stapo plan", "as written"),
+    "stapo schema --out workflow/schemas/config.schema.yaml": (
+        "stapo schema --out schema.yaml && cmp schema.yaml workflow/schemas/config.schema.yaml",
+        "written beside (workflow/ is the repository's own here) and compared with the file it refreshes"),
     "snakemake --profile workflow/profiles/slurm results/table.md": (
         "snakemake -n --profile workflow/profiles/slurm results/table.md",
         "dry run, with the two variables exported as the line before says"),
