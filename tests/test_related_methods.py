@@ -1,7 +1,9 @@
 """The related methods (Clip-Cov, KL-Cov, GSPO, CISPO) against verl 0.9.1's own functions, called as a peer.
 
-verl is installed without its dependencies (``make test`` does: ``pip install --no-deps verl==0.9.1``); importing
-its package pulls ray and more, so the fixture loads ``verl/trainer/ppo/core_algos.py`` and the real
+verl is installed without its dependencies, and outside site-packages: ``make test`` runs ``pip install --no-deps
+--target .venv/peers verl==0.9.1`` (its wheel also ships a top-level ``tests`` package, which in site-packages would
+shadow this repository's ``tests``) and points ``STAPO_VERL_DIR`` there. Importing verl's package pulls ray and
+more, so the fixture loads ``verl/trainer/ppo/core_algos.py`` and the real
 ``verl/utils/torch_functional.py`` (agg_loss's masked_sum) from the installed files, with the few modules they
 import at the top stubbed in ``sys.modules`` for the duration of the load and restored after. The comparison: our
 ``policy_loss`` and verl's ``compute_policy_loss_<name>`` on the same random inputs, loss and gradient with respect
@@ -12,6 +14,7 @@ broken variants must fail it (so the comparison can fail).
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import types
 from pathlib import Path
@@ -66,11 +69,17 @@ class ActorConfig:
 @pytest.fixture(scope="module")
 def core_algos():
     """verl 0.9.1's ``verl.trainer.ppo.core_algos`` module, loaded from the installed files (module docstring)."""
-    spec = importlib.util.find_spec("verl")  # locates the package without running its __init__
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"verl {VERL_VERSION} is not installed (make test installs it: pip install --no-deps "
-                    f"verl=={VERL_VERSION})")
-    root = Path(spec.submodule_search_locations[0])
+    given = os.environ.get("STAPO_VERL_DIR")
+    root = Path(given or Path(sys.prefix) / "peers") / "verl"
+    if not root.is_dir():
+        if given:  # make test asks for it: a missing peer is a failure, not a skip
+            pytest.fail(f"STAPO_VERL_DIR={given}: no verl/ there (pip install --no-deps --target {given} "
+                        f"verl=={VERL_VERSION})")
+        spec = importlib.util.find_spec("verl")  # a pip-installed verl: locate it without running its __init__
+        if spec is None or not spec.submodule_search_locations:
+            pytest.skip(f"verl {VERL_VERSION} is not installed (make test installs it: pip install --no-deps "
+                        f"--target .venv/peers verl=={VERL_VERSION})")
+        root = Path(spec.submodule_search_locations[0])
     assert (root / "version" / "version").read_text().strip() == VERL_VERSION
     stubs = {
         "verl": _module("verl", root),

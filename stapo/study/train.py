@@ -40,7 +40,9 @@ class TrainSettings:
                          "two newlines, the instruction; thunlp/JustRL rl_dataset.py use_boxed_suffix_prompt)",
                          enum=list(TRAIN_PROMPTS))
     reward: str = option("dapo_strict", "dapo_strict (paper: JustRL's DAPO verifier, +-1), dapo_lenient, "
-                         "math_verify (+-1) or math_verify_01 (1/0); see stapo.rewards", enum=sorted(REWARDS))
+                         "math_verify (+-1) or math_verify_01 (1/0), or any reward registered in "
+                         "stapo.rewards.REWARDS (no schema enum: the registry may grow at run time; train_settings "
+                         "checks it)")
     max_steps: int = option(3000, "training steps in the paper's unit, rollout batches (verl steps; curves run past "
                             "3,000)")
     save_steps: int = option(20, "checkpoint every N rollout steps (paper evaluates every 20); checkpoint-<N> "
