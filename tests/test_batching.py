@@ -16,20 +16,17 @@ core_algos.get_global_entropy_top_mask to each micro-batch's own tokens on its r
 from __future__ import annotations
 
 import heapq
-import os
 import random
 
 import pytest
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(1)
 
-import stapo.trainer as T  # noqa: E402
-from stapo import batching, study  # noqa: E402
-from stapo.objectives import policy_loss, step_thresholds  # noqa: E402
-from stapo.rewards import REWARDS  # noqa: E402
-from tests.test_trainer import coin_reward, tiny_recipe  # noqa: E402
+import stapo.trainer as T
+from stapo import batching, study
+from stapo.objectives import policy_loss, step_thresholds
+from stapo.rewards import REWARDS
+from tests.test_trainer import coin_reward, tiny_recipe
 
 
 # ----------------------------------------------------------------------- verl 0.4.0, transcribed (see docstring)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers / huggingface_hub are imported
-
 import json
 import logging
 from argparse import Namespace

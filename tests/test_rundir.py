@@ -15,14 +15,12 @@ import pytest
 import torch
 import yaml
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(1)
 
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import load_file, save_file
 
-import stapo.trainer as T  # noqa: E402
-from stapo import cli, rundir, study  # noqa: E402
-from stapo.rewards import REWARDS  # noqa: E402
+import stapo.trainer as T
+from stapo import cli, rundir, study
+from stapo.rewards import REWARDS
 
 ROOT = Path(__file__).resolve().parents[1]
 

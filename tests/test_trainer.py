@@ -13,16 +13,14 @@ import pytest
 import torch
 import yaml
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(1)  # 2 shared cores: oversubscribed OpenMP threads make tiny matmuls ~100x slower
 
-from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import load_file
 
-import stapo.trainer as T  # noqa: E402
-from stapo.methods import METHODS as DECLARED_METHODS  # noqa: E402
-from stapo import rundir, study  # noqa: E402
-from stapo.objectives import policy_loss  # noqa: E402
-from stapo.rewards import REWARDS  # noqa: E402
+import stapo.trainer as T
+from stapo.methods import METHODS as DECLARED_METHODS
+from stapo import rundir, study
+from stapo.objectives import policy_loss
+from stapo.rewards import REWARDS
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ("step", "loss", "reward_mean", "accuracy", "entropy_mean", "silenced_fraction", "candidate_fraction",
@@ -216,7 +214,7 @@ def test_rollouts_stop_at_every_end_of_turn_token(tmp_path):
 # ------------------------------------------------------------------------------- gradient accumulation (exact)
 
 
-def _micro_batch(trainer, prompt_len: int, lengths: list[int], advantages: list[float], seed: int) -> dict:
+def _micro_batch(prompt_len: int, lengths: list[int], advantages: list[float], seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     b, t = len(lengths), max(lengths)
     completion_mask = torch.tensor([[1] * n + [0] * (t - n) for n in lengths])
@@ -230,43 +228,80 @@ def _micro_batch(trainer, prompt_len: int, lengths: list[int], advantages: list[
     }
 
 
+def two_micro_batches(second: list[int] = (4, 6, 1, 5)) -> list[dict]:
+    """One optimiser step in two micro-batches of 4 completions (prompt 5 tokens); ``second``: the second one's
+    completion lengths."""
+    return [_micro_batch(5, [6, 3, 6, 2], [1.0, -0.5, 0.8, 0.3], 0),
+            _micro_batch(5, list(second), [0.6, 1.2, -1.0, 0.9], 1)]
+
+
+def accumulating_trainer(tmp_path, recipe: dict, method: str):
+    """The trainer of ``method`` in training mode, at TRL's point of a 2-micro-batch accumulation window."""
+    plan = study.resolve_plan(recipe, "tiny-qwen3", method)
+    trainer = T.build_trainer(plan, tmp_path)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 2  # set by Trainer.train()
+    return plan, trainer
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def trainer_gradients(trainer, batches: list[dict]) -> dict[str, torch.Tensor]:
+    """The accumulated gradient of ``batches`` through the trainer's own path (``_compute_loss``, window close)."""
+    trainer.model.zero_grad()
+    for inputs in batches:
+        trainer._compute_loss(trainer.model, inputs).backward()
+    trainer._close_window(trainer.model)
+    return _grads(trainer.model)
+
+
+def forward(trainer, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs, entropies) [B, T] of a micro-batch's completions under the trainer's model (with grad)."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    logps, ent, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask,
+                                                               inputs["completion_ids"].size(1), compute_entropy=True)
+    return logps, ent
+
+
+def reference_gradients(trainer, batches: list[dict], loss_of) -> dict[str, torch.Tensor]:
+    """The gradient of Σ_j ``loss_of(j, logps_j, entropies_j, inputs_j)``: the objective alone, micro-batch by
+    micro-batch, with the weights the test states."""
+    trainer.model.zero_grad()
+    for j, inputs in enumerate(batches):
+        loss_of(j, *forward(trainer, inputs), inputs).backward()
+    return _grads(trainer.model)
+
+
+def assert_same_gradients(got: dict, ref: dict) -> None:
+    """Equal up to fp32 summation order, parameter by parameter (a zero reference gradient is itself a failure)."""
+    assert got.keys() == ref.keys()
+    for name, g in got.items():
+        assert ref[name].abs().max() > 0, name
+        torch.testing.assert_close(g, ref[name], rtol=1e-4, atol=1e-5 * float(ref[name].abs().max()) + 1e-12,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
 @pytest.mark.parametrize("method", ["stapo", "entropy20", "justrl"])
 def test_accumulated_gradient_is_the_exact_kept_token_mean(tmp_path, method):
     """Two micro-batches through the trainer == Σ_j S_j / K with K the kept tokens of both (no second pass)."""
-    plan = study.resolve_plan(tiny_recipe(reward="dapo_strict"), "tiny-qwen3", method)
-    trainer = T.build_trainer(plan, tmp_path)
-    model = trainer.model
-    model.train()
-    trainer.current_gradient_accumulation_steps = 2  # set by Trainer.train()
-    batches = [_micro_batch(trainer, 5, [6, 3, 6, 2], [1.0, -0.5, 0.8, 0.3], 0),
-               _micro_batch(trainer, 5, [4, 6, 1, 5], [0.6, 1.2, -1.0, 0.9], 1)]
-    model.zero_grad()
-    for inputs in batches:
-        trainer._compute_loss(model, inputs).backward()
-    trainer._close_window(model)
-    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    plan, trainer = accumulating_trainer(tmp_path, tiny_recipe(reward="dapo_strict"), method)
+    batches = two_micro_batches()
+    got = trainer_gradients(trainer, batches)
 
-    model.zero_grad()
-    parts, kept = [], 0.0
-    for inputs in batches:  # reference: the objective's own masks, one global denominator
-        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-        logps, ent, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, inputs["completion_ids"].size(1),
-                                                                   compute_entropy=True)
-        parts.append((logps, ent, inputs))
-        _, m = policy_loss(plan.objective, logps=logps, old_logps=logps.detach(), advantages=inputs["advantages"],
-                           entropies=ent, completion_mask=inputs["completion_mask"])
-        kept += m["kept_fraction"] * float(inputs["completion_mask"].sum())
-    total = sum(policy_loss(plan.objective, logps=lp, old_logps=lp.detach(), advantages=i["advantages"],
-                            entropies=e, completion_mask=i["completion_mask"], token_normalizer=round(kept))[0]
-                for lp, e, i in parts)
-    total.backward()
+    def call(lp, ent, inputs, **kw):
+        return policy_loss(plan.objective, logps=lp, old_logps=lp.detach(), advantages=inputs["advantages"],
+                           entropies=ent, completion_mask=inputs["completion_mask"], **kw)
+
+    with torch.no_grad():  # the reference's one global denominator: the objective's own kept tokens of both
+        kept = sum(call(*forward(trainer, i), i)[1]["kept_fraction"] * float(i["completion_mask"].sum())
+                   for i in batches)
     if method == "stapo":
         assert 0 < kept < 35  # something was silenced: random-init tokens all have p < τ_p
-    for name, g in got.items():
-        ref = model.get_parameter(name).grad  # equal up to fp32 summation order
-        torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()) + 1e-12,
-                                       msg=lambda m, name=name: f"{name}: {m}")
+    ref = reference_gradients(trainer, batches, lambda j, lp, ent, i: call(lp, ent, i, token_normalizer=round(kept))[0])
+    assert_same_gradients(got, ref)
 
 
 @pytest.mark.parametrize("method, scope", [("justrl", "mini_batch"), ("entropy20", "micro_batch_local_topk"),
@@ -277,39 +312,19 @@ def test_per_micro_batch_gradient_is_the_sequence_weighted_token_means(tmp_path,
     completion tokens weigh 1/2 each, where the default's global token-mean weighs them by their kept tokens."""
     recipe = tiny_recipe(reward="dapo_strict")
     recipe["methods"][method].update(loss_agg_mode="token-mean-per-micro-batch", quantile_scope=scope)
-    plan = study.resolve_plan(recipe, "tiny-qwen3", method)
-    trainer = T.build_trainer(plan, tmp_path)
+    plan, trainer = accumulating_trainer(tmp_path, recipe, method)
     assert trainer._normaliser is T.Normaliser.MICRO_BATCH_TOKEN_MEAN and trainer.args.loss_type == "bnpo"
-    model = trainer.model
-    model.train()
-    trainer.current_gradient_accumulation_steps = 2  # set by Trainer.train()
-    batches = [_micro_batch(trainer, 5, [6, 3, 6, 2], [1.0, -0.5, 0.8, 0.3], 0),
-               _micro_batch(trainer, 5, [1, 2, 1, 1], [0.6, 1.2, -1.0, 0.9], 1)]
-    model.zero_grad()
-    for inputs in batches:
-        trainer._compute_loss(model, inputs).backward()
-    trainer._close_window(model)
-    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    batches = two_micro_batches(second=[1, 2, 1, 1])
+    got = trainer_gradients(trainer, batches)
 
-    def reference(**normalise) -> dict:  # each micro-batch through the objective alone
-        model.zero_grad()
-        for inputs, weight in zip(batches, (0.5, 0.5)):
-            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-            mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-            logps, ent, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, ids.size(1) - 5,
-                                                                       compute_entropy=True)
-            loss, m = policy_loss(normalise.get("cfg", plan.objective), logps=logps, old_logps=logps.detach(),
-                                  advantages=inputs["advantages"], entropies=ent,
-                                  completion_mask=inputs["completion_mask"], token_normalizer=normalise.get("k"))
-            (loss * (1.0 if normalise else weight)).backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    def loss_of(cfg, weight, k=None):
+        return lambda j, lp, ent, i: weight * policy_loss(cfg, logps=lp, old_logps=lp.detach(),
+                                                          advantages=i["advantages"], entropies=ent,
+                                                          completion_mask=i["completion_mask"], token_normalizer=k)[0]
 
-    ref = reference()
-    for name, g in got.items():
-        torch.testing.assert_close(g, ref[name], rtol=1e-4, atol=1e-5 * float(ref[name].abs().max()) + 1e-12,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+    assert_same_gradients(got, reference_gradients(trainer, batches, loss_of(plan.objective, 0.5)))
     if method == "justrl":  # the default protocol's gradient on the same step differs: one denominator, 22 tokens
-        glob = reference(cfg=study.get_objective("justrl"), k=22)
+        glob = reference_gradients(trainer, batches, loss_of(study.get_objective("justrl"), 1.0, k=22))
         assert max(float((got[n] - glob[n]).abs().max() / glob[n].abs().max()) for n in got) > 0.05
 
 
@@ -320,37 +335,20 @@ def test_related_methods_accumulate_their_own_loss(tmp_path, method):
     seq-mean-token-mean: each micro-batch weighted by its 4 of the step's 8 sequences)."""
     recipe = tiny_recipe(reward="dapo_strict")
     recipe["methods"] = {method: {"objective": method}}
-    plan = study.resolve_plan(recipe, "tiny-qwen3", method)
-    trainer = T.build_trainer(plan, tmp_path)
+    plan, trainer = accumulating_trainer(tmp_path, recipe, method)
     assert trainer.args.loss_type == plan.objective.loss_agg_mode.trl_loss_type
-    model = trainer.model
-    model.train()
-    trainer.current_gradient_accumulation_steps = 2  # set by Trainer.train()
-    batches = [_micro_batch(trainer, 5, [6, 3, 6, 2], [1.0, -0.5, 0.8, 0.3], 0),
-               _micro_batch(trainer, 5, [4, 6, 1, 5], [0.6, 1.2, -1.0, 0.9], 1)]
-    model.zero_grad()
-    for inputs in batches:
-        trainer._compute_loss(model, inputs).backward()
-    trainer._close_window(model)
-    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-    model.zero_grad()
+    batches = two_micro_batches()
+    got = trainer_gradients(trainer, batches)
     tokens = sum(float(b["completion_mask"].sum()) for b in batches)
     global_mean = plan.objective.loss_agg_mode.step_normaliser
-    for inputs in batches:  # reference: the objective alone, the aggregation's weights
-        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-        logps, ent, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, inputs["completion_ids"].size(1),
-                                                                   compute_entropy=True)
-        loss, _ = policy_loss(plan.objective, logps=logps, old_logps=logps.detach(), advantages=inputs["advantages"],
-                              entropies=ent, completion_mask=inputs["completion_mask"],
+
+    def loss_of(j, lp, ent, i):
+        loss, _ = policy_loss(plan.objective, logps=lp, old_logps=lp.detach(), advantages=i["advantages"],
+                              entropies=ent, completion_mask=i["completion_mask"],
                               token_normalizer=tokens if global_mean else None)
-        (loss * (1.0 if global_mean else 0.5)).backward()
-    for name, g in got.items():
-        ref = model.get_parameter(name).grad
-        assert ref.abs().max() > 0, name
-        torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()) + 1e-12,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+        return loss * (1.0 if global_mean else 0.5)
+
+    assert_same_gradients(got, reference_gradients(trainer, batches, loss_of))
 
 
 # ---------------------------------------------------------------------------------------- end-to-end (slow)
