@@ -1,7 +1,10 @@
 """Every entry point answers every bad input with one line naming the culprit (the key, file, file:line or
 option), exit status != 0, no traceback, before any model or heavy import: the table of
-benchmarks/bench_bad_inputs.py, run case by case as subprocesses. Time to each error is printed (``-s``) and bounded
-generously here (a shared machine); the 3 s target is measured by the benchmark script."""
+benchmarks/bench_bad_inputs.py. The ``stapo`` and ``vllm_settings`` cases run in ONE separate process, each by a
+call of its entry's ``main`` with stdout and stderr captured at the file descriptors (bench_bad_inputs.run_batch):
+that process shows which heavy modules (torch, TRL, lm-eval ...) each case imported and its peak memory; the
+``snakemake -n`` cases run as processes, one each. Time to each error is printed (``-s``) and bounded generously
+here (a shared machine); the 3 s target, per case as a user starts it, is measured by the benchmark script."""
 
 from __future__ import annotations
 
@@ -28,6 +31,12 @@ def work(tmp_path_factory):
     holders.close()
 
 
+@pytest.fixture(scope="module")
+def batch(work) -> dict[str, dict]:
+    """The in-process cases' results, by name: all of them run once, in one process of their own."""
+    return {r["name"]: r for r in bad.run_batch(work)}
+
+
 def test_the_table_covers_every_entry_point():
     assert len(bad.CASES) >= 80 and len({c.name for c in bad.CASES}) == len(bad.CASES)
     assert sum(c.bounded for c in bad.CASES) >= 20
@@ -37,8 +46,8 @@ def test_the_table_covers_every_entry_point():
 
 
 @pytest.mark.parametrize("case", bad.CASES, ids=[c.name for c in bad.CASES])
-def test_bad_input_is_one_line_naming_the_culprit(work, case):
-    result = bad.run_case(case, work)
+def test_bad_input_is_one_line_naming_the_culprit(work, batch, case):
+    result = batch[case.name] if case.entry in bad.IN_PROCESS else bad.run_case(case, work)
     print(f"{result['seconds']:.2f} s {result['peak_mb']:.0f} MB  {case.name}: {(result['lines'] or [''])[-1]}")
     assert result["rc"] != 0, result
     assert not result["traceback"], "\n".join(result["lines"])
@@ -48,6 +57,28 @@ def test_bad_input_is_one_line_naming_the_culprit(work, case):
     assert not case.needs_model
     if case.bounded:  # refused before anything is sized from the input, and nothing written
         assert result["peak_mb"] <= bad.MAX_PEAK_MB and not result["wrote"], result
+    if case.entry in bad.IN_PROCESS:  # before any heavy import (peak_mb: the batch's running peak, a stricter bound)
+        assert set(result["heavy"]) <= bad.LATE_IMPORTS.get(case.name, set()), result["heavy"]
+
+
+def test_the_batch_sees_a_heavy_import_and_a_traceback(work, monkeypatch):
+    """The in-process runner can fail: a case whose entry imports a 'heavy' module (here a stdlib one standing in
+    for torch, which cannot be imported twice) and crashes is reported with both."""
+    import sys
+
+    case = bad.Case("crash", "stapo", ("plan",), ("never",))
+
+    def crash(args):
+        import colorsys  # noqa: F401
+
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(bad, "_entry_main", lambda entry: crash)
+    monkeypatch.setattr(bad, "HEAVY_MODULES", ("colorsys",))
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    result = bad.run_in_process(case, work)
+    assert result["rc"] == 1 and result["traceback"] and result["heavy"] == ["colorsys"] and not bad.ok(result, case)
+    assert result["missing"] == ["never"] and result["lines"][-1] == "RuntimeError: boom"
 
 
 def test_debug_keeps_the_traceback(work):
