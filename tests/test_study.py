@@ -1,5 +1,7 @@
 """Bad study configs: each fails before any model loads, with one line naming the culprit, through both
-``stapo train`` (in-process, model loading forbidden) and ``snakemake -n`` (a subprocess on the repo's Snakefile)."""
+``stapo train`` (in-process, model loading forbidden) and ``snakemake -n`` on the repo's Snakefile (every case
+through Snakemake's API, all in one process: tests/helpers/snakemake_batch.py; a few also through the command line,
+for what it prints)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from stapo.models import PAPER_MODELS
 from stapo.study.evaluation import BenchmarkEntry
 from stapo.methods import METHODS
 from stapo.tasks import registry
+
+from helpers.snakemake_batch import dry_runs
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -92,9 +96,8 @@ BAD = [
 ]
 
 
-# run on every `make test-fast`; the whole list runs with the slow tests (~10 s per Snakemake parse on 2 cores)
-FAST = ("top-level-typo", "model-unknown-bundled", "max_steps-negative", "micro-batch-split")
-BAD_SNAKEMAKE = [pytest.param(*b, id=b[0], marks=() if b[0] in FAST else pytest.mark.slow) for b in BAD]
+# also run through the snakemake command line (one process each, ~1.5 s): what the user sees printed
+CLI = ("top-level-typo", "model-unknown-bundled", "max_steps-negative", "micro-batch-split")
 
 
 def bad_file(tmp_path: Path, edit) -> Path:
@@ -131,8 +134,40 @@ def test_stapo_train_rejects_bad_config_in_one_line(tmp_path, capsys, no_model, 
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("name, edit, culprit", BAD_SNAKEMAKE)
-def test_snakemake_dry_run_rejects_the_same_configs(tmp_path, name, edit, culprit):
+@pytest.fixture(scope="module")
+def snakemake_verdicts(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    """Every BAD study's ``snakemake -n`` through the Snakefile, all in one process (Snakemake's API): by name,
+    (the config file, how the run stopped)."""
+    requests, paths = [], {}
+    for name, edit, _ in BAD:
+        tmp = tmp_path_factory.mktemp(name)
+        paths[name] = bad_file(tmp, edit)
+        requests.append({"name": name, "configfiles": [str(paths[name])], "workdir": str(tmp),
+                         "targets": ["results/table.md"]})
+    return {name: (paths[name], verdict) for name, verdict in dry_runs(requests).items()}
+
+
+@pytest.mark.parametrize("name, edit, culprit", BAD, ids=[b[0] for b in BAD])
+def test_snakemake_dry_run_rejects_the_same_configs(snakemake_verdicts, name, edit, culprit):
+    path, verdict = snakemake_verdicts[name]
+    assert verdict["error"] is None and verdict["exit"] is not None, verdict
+    assert verdict["stage"] == "workflow", verdict  # while the Snakefile is parsed: before any DAG is built
+    message = verdict["exit"]
+    assert len(message.splitlines()) == 1, message
+    assert message.startswith("stapo config error: config (") and str(path) in message and culprit in message, message
+    assert not (path.parent / "results").exists()
+
+
+def test_the_batch_tells_a_good_study_from_a_bad_one(tmp_path):
+    """The API batch can fail the test above: the miniature itself plans its DAG to the end."""
+    good = bad_file(tmp_path, lambda c: None)
+    (verdict,) = dry_runs([{"name": "good", "configfiles": [str(good)], "workdir": str(tmp_path),
+                            "targets": ["results/table.md"]}]).values()
+    assert verdict == {"exit": None, "error": None, "stage": "done"}
+
+
+@pytest.mark.parametrize("name, edit, culprit", [b for b in BAD if b[0] in CLI], ids=CLI)
+def test_snakemake_command_prints_one_line_naming_the_culprit(tmp_path, name, edit, culprit):
     path = bad_file(tmp_path, edit)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1"}
     res = subprocess.run([str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-n",
