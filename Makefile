@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # CPU miniature needs torch's CPU build from local disk: pin it in the same pip call as the project.
 PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q
 
-.PHONY: install test test-fast test-vllm test-slurm demo mini-study bench clean
+.PHONY: install test test-fast test-slow test-all test-vllm test-slurm demo mini-study bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,13 +22,31 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# Two tiers (pytest markers): `make test` runs the fast tier (everything but `slow`, ~3 min of tests on 2 cores), the
+# README's test command; `make test-slow` the slow end-to-end tests (multi-process training, the DAG end to end, the
+# README's commands). `make test-all` is what CI runs (.ci/run): both tiers, `make test-vllm` and, as root,
+# `make test-slurm`. Tests run on WORKERS pytest-xdist processes (one torch thread each: tests/conftest.py).
+WORKERS ?= 2
+PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 STAPO_VERL_DIR=$(VENV)/peers \
+  $(BIN)/python -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist worksteal --durations=25
+
 test: $(STAMP)
 	$(BIN)/ruff check .
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 STAPO_VERL_DIR=$(VENV)/peers \
-	  $(BIN)/python -m pytest -q --durations=25 tests
+	$(PYTEST) -m "not slow and not vllm and not slurm" tests
 
-test-fast: $(STAMP)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" tests
+test-fast: test
+
+test-slow: $(STAMP)
+	$(PYTEST) -m "slow and not vllm and not slurm" tests
+
+# each stage timed; test-slurm needs root (it installs Debian's SLURM packages, writes /etc/slurm, starts daemons)
+test-all:
+	@t0=$$(date +%s); for stage in test test-slow test-vllm test-slurm; do \
+	  if [ $$stage = test-slurm ] && [ "$$(id -u)" != 0 ]; then \
+	    echo "test-all: skipped make test-slurm: it needs root"; continue; fi; \
+	  start=$$(date +%s); $(MAKE) --no-print-directory $$stage || exit $$?; \
+	  echo "test-all: make $$stage passed in $$(( $$(date +%s) - start )) s"; \
+	done; echo "test-all: all passed in $$(( $$(date +%s) - t0 )) s"
 
 # make demo [DATA_DIR=bundled|dir]: the miniature study, offline (arith; + the six real benchmarks' first problems
 # with DATA_DIR=bundled, the files shipped in stapo/tasks/data, or a dir of <benchmark>.jsonl files).
