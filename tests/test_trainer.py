@@ -22,6 +22,8 @@ from stapo import rundir, study
 from stapo.objectives import policy_loss
 from stapo.rewards import REWARDS
 
+from helpers.shared import build_once
+
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ("step", "loss", "reward_mean", "accuracy", "entropy_mean", "silenced_fraction", "candidate_fraction",
           "kept_fraction", "clip_fraction", "grad_norm", "response_length_mean", "lr", "step_seconds")
@@ -354,12 +356,34 @@ def test_related_methods_accumulate_their_own_loss(tmp_path, method):
 # ---------------------------------------------------------------------------------------- end-to-end (slow)
 
 
+# The tiny runs the read-only tests share (one per method, built once per test run: conftest.build_once): token
+# diagnostics every step and TensorBoard logging on, so one run serves the tests of each.
+SHARED_RUN = dict(diagnostics_every=1, diagnostics_examples=3, report_to="tensorboard", seed=3)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(shared_dir):
+    """``tiny_run(method)`` -> (run directory, plan) of tiny_recipe(**SHARED_RUN) trained with ``method``."""
+
+    def run(method: str):
+        plan = study.resolve_plan(tiny_recipe(**SHARED_RUN), "tiny-qwen3", method)
+
+        def build(out):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setitem(REWARDS, "coin", coin_reward)
+                T.train(plan, out)
+
+        return build_once(shared_dir, f"tiny-qwen3-{method}", build), plan
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["grpo", "entropy20", "justrl", "stapo"])
-def test_each_method_trains_and_writes_outputs(tmp_path, coin, method):
-    plan = study.resolve_plan(tiny_recipe(), "tiny-qwen3", method)
-    final = T.train(plan, tmp_path)
-    rows = read_metrics(tmp_path)
+def test_each_method_trains_and_writes_outputs(tiny_run, method):
+    run, plan = tiny_run(method)
+    final = run / "final"
+    rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         assert set(FIELDS) <= set(row), set(FIELDS) - set(row)
@@ -377,17 +401,17 @@ def test_each_method_trains_and_writes_outputs(tmp_path, coin, method):
         assert all(r["kept_fraction"] == 1.0 and r["silenced_fraction"] == 0.0 for r in rows)
     # layout: checkpoints every save_step (HF format + tokenizer, complete), final/, resolved config
     for step in (1, 2):
-        ckpt = tmp_path / f"checkpoint-{step}"
+        ckpt = run / f"checkpoint-{step}"
         assert rundir.problems(ckpt) == [] and (ckpt / "tokenizer.json").exists() and (ckpt / "optimizer.pt").exists()
-    assert final == tmp_path / "final" and (final / "config.json").exists() and (final / "tokenizer.json").exists()
-    assert rundir.verify_final(tmp_path, 2)
-    resolved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert (final / "config.json").exists() and (final / "tokenizer.json").exists()
+    assert rundir.verify_final(run, 2)
+    resolved = yaml.safe_load((run / "config.yaml").read_text())
     assert resolved["method"]["method"] == method and resolved["trl"]["gradient_accumulation_steps"] == 2
     # weights change after one step
     from stapo.models import resolve_model
 
     before = weights(Path(resolve_model(plan.model_spec)))
-    after = weights(tmp_path / "checkpoint-1")
+    after = weights(run / "checkpoint-1")
     changed = [n for n in before if not torch.equal(before[n], after[n])]
     assert len(changed) >= len(before) // 2, changed
 
@@ -547,12 +571,11 @@ def test_resume_after_kill_gives_identical_weights(tmp_path, coin):
 
 
 @pytest.mark.slow
-def test_token_diagnostics_are_logged(tmp_path, coin):
+def test_token_diagnostics_are_logged(tiny_run):
     """train.diagnostics_every=1: quadrant counts add up to the positive tokens, quantiles ordered, examples."""
-    plan = study.resolve_plan(tiny_recipe(diagnostics_every=1, diagnostics_examples=3), "tiny-qwen3", "stapo")
-    T.train(plan, tmp_path)
-    rows = [json.loads(x) for x in (tmp_path / "diagnostics.jsonl").read_text().splitlines()]
-    metrics = read_metrics(tmp_path)
+    run, _ = tiny_run("stapo")
+    rows = [json.loads(x) for x in (run / "diagnostics.jsonl").read_text().splitlines()]
+    metrics = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
     for row, m in zip(rows, metrics):
         counts = [row[f"quadrant/{q}_count"] for q in ("lowp_lowh", "lowp_highh", "highp_lowh", "highp_highh")]
@@ -563,7 +586,7 @@ def test_token_diagnostics_are_logged(tmp_path, coin):
         assert qs == sorted(qs) and qs[0] <= m["entropy_mean"] <= qs[-1] + 1e-6
         norm = row["quadrant/lowp_lowh_grad_norm"]
         assert norm is None or norm > 0
-    examples = [json.loads(x) for x in (tmp_path / "silenced_examples.jsonl").read_text().splitlines()]
+    examples = [json.loads(x) for x in (run / "silenced_examples.jsonl").read_text().splitlines()]
     assert 0 < len(examples) <= 6
     for ex in examples:
         assert ex["p"] < 0.002 and ex["advantage"] > 0 and len(ex["top"]) == 5
@@ -571,18 +594,17 @@ def test_token_diagnostics_are_logged(tmp_path, coin):
 
 
 @pytest.mark.slow
-def test_report_to_tensorboard_logs_the_step_metrics(tmp_path, coin):
+def test_report_to_tensorboard_logs_the_step_metrics(tiny_run):
     """train.report_to reaches TRL: TensorBoard (offline) gets the loss, entropy and silenced fraction of every
     optimiser step, equal to metrics.jsonl's, under the run name <model>/<method>/seed<seed>."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    plan = study.resolve_plan(tiny_recipe(report_to="tensorboard", seed=3), "tiny-qwen3", "stapo")
-    T.train(plan, tmp_path)
-    events = sorted((tmp_path / "runs").rglob("events.out.tfevents.*"))
+    run, _ = tiny_run("stapo")
+    events = sorted((run / "runs").rglob("events.out.tfevents.*"))
     assert len(events) == 1, events
     acc = EventAccumulator(str(events[0].parent)).Reload()
     tags = set(acc.Tags()["scalars"])
-    rows = read_metrics(tmp_path)
+    rows = read_metrics(run)
     # metrics.jsonl's loss is the objective's (the exact kept-token mean); TRL's own "loss" is the provisional one
     for tag, key in (("train/objective_loss", "loss"), ("train/entropy_mean", "entropy_mean"),
                      ("train/silenced_fraction", "silenced_fraction")):
