@@ -161,7 +161,8 @@ def test_a_run_whose_machine_dies_resumes(tmp_path):
     straight = _run(tmp_path, recipe, tmp_path / "straight", nodes=2, gpus=1)
     out = tmp_path / "killed"
     line, env = _command(tmp_path, recipe, out, nodes=2, gpus=1)
-    job = subprocess.Popen(["bash", "-c", line], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    hold = {**env, "STAPO_TEST_HOLD_AFTER_SAVE": "1"}  # the run waits after checkpoint-1: machine 1 is alive to kill
+    job = subprocess.Popen(["bash", "-c", line], env=hold, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
     while rundir.latest_complete_checkpoint(out) is None:
         assert job.poll() is None and time.monotonic() < deadline, "the run ended before checkpoint-1"

@@ -16,6 +16,9 @@ With ``STAPO_TEST_GRAD_DUMP=<file>`` it also saves the first optimiser step's gr
 it — after the trainer's normaliser rescale (``_close_window``), before clipping — unsharded (an FSDP2 shard is a
 DTensor: ``full_tensor()``, a collective every rank enters), with the engine and each rank's token counts.
 ``STAPO_TEST_NORMALISER=<Normaliser value>`` forces the trainer's normaliser (e.g. DeepSpeed's estimate under FSDP).
+``STAPO_TEST_HOLD_AFTER_SAVE=<step>``: every rank but rank 0 stops (sleeps until killed) once checkpoint <step> is
+complete, so a test can kill a machine at a known point whatever the machine's load (rank 0 waits for the others in
+the next step's first collective, as it would for a machine that hangs).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import time
 import zlib
 
 import torch
@@ -34,6 +38,7 @@ from accelerate.utils import DistributedType  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
 from stapo import cli  # noqa: E402
+from stapo.rundir import CheckpointSentinel  # noqa: E402
 from stapo.rewards import REWARDS  # noqa: E402
 from stapo.trainer import Normaliser, StapoGRPOTrainer  # noqa: E402
 
@@ -104,6 +109,16 @@ if os.environ.get("STAPO_TEST_NORMALISER"):
 if os.environ.get("STAPO_TEST_GRAD_DUMP"):
     StapoGRPOTrainer._close_window = dump_first_step_gradient(StapoGRPOTrainer._close_window,
                                                               os.environ["STAPO_TEST_GRAD_DUMP"])
+
+if os.environ.get("STAPO_TEST_HOLD_AFTER_SAVE"):
+    _hold_at, _on_save = int(os.environ["STAPO_TEST_HOLD_AFTER_SAVE"]), CheckpointSentinel.on_save
+
+    def _hold_after_save(self, args, state, control, **kwargs):
+        _on_save(self, args, state, control, **kwargs)  # the checkpoint's manifest: it is complete
+        if state.global_step == _hold_at and int(os.environ.get("RANK", "0")) != 0:
+            time.sleep(3600)
+
+    CheckpointSentinel.on_save = _hold_after_save
 
 if __name__ == "__main__":
     sys.exit(cli.main(sys.argv[1:]))
