@@ -29,6 +29,8 @@ from safetensors.torch import load_file
 import stapo.trainer as T
 from stapo import study
 
+from helpers.shared import build_once
+
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "tests" / "helpers" / "fixed_rollouts.py"
 BIN = Path(sys.executable).parent
@@ -152,6 +154,18 @@ def _first_step_gradient(tmp: Path, recipe: Path, method: str, processes: int, e
     return {**torch.load(tmp / f"{name}.pt"), "logged_grad_norm": rows[0]["grad_norm"]}
 
 
+def _full_batch_gradient(shared_dir: Path, method: str) -> dict:
+    """One process's first-step gradient of ``method`` over the whole step in one micro-batch (``_step_recipes``'s
+    "full"): the reference of the FSDP tests, computed once per test run per method (tests/helpers/shared.py)."""
+    def build(tmp: Path):
+        tmp.mkdir(parents=True)
+        _first_step_gradient(tmp, _step_recipes(tmp)[1], method, 1)
+
+    run = build_once(shared_dir, f"full-batch-gradient-{method}", build)
+    rows = [json.loads(line) for line in (run / f"{method}-1-chosen" / "metrics.jsonl").read_text().splitlines()]
+    return {**torch.load(run / f"{method}-1-chosen.pt"), "logged_grad_norm": rows[0]["grad_norm"]}
+
+
 def _paper_engine(model: str = "qwen3-8b-base") -> Path:
     """The accelerate config of a paper model (FSDP2: 8B/14B full shard, 1.7B SHARD_GRAD_OP), on CPU ranks in fp32."""
     entry = yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())["models"][model]
@@ -175,13 +189,13 @@ def _relative_errors(grads: dict, reference: dict) -> dict[str, float]:
 @pytest.mark.slow
 @pytest.mark.parametrize(("method", "model"), [("justrl", "qwen3-8b-base"), ("stapo", "qwen3-8b-base"),
                                                ("entropy20", "qwen3-8b-base"), ("stapo", "qwen3-1.7b-base")])
-def test_fsdp_step_gradient_equals_one_process_full_batch(tmp_path, method, model):
+def test_fsdp_step_gradient_equals_one_process_full_batch(tmp_path, shared_dir, method, model):
     """The paper model's FSDP engine (FSDP2; here on CPU, gloo, fp32) with two ranks of unequal token counts, two
     micro-batches each: the optimiser step's gradient — sharded, rescaled once by the exact normaliser — equals one
     process's gradient of the same loss over the whole batch in one micro-batch, to 1e-6 relative per tensor."""
-    micro, whole = _step_recipes(tmp_path)
+    micro, _ = _step_recipes(tmp_path)
     sharded = _first_step_gradient(tmp_path, micro, method, 2, _paper_engine(model))
-    full = _first_step_gradient(tmp_path, whole, method, 1)
+    full = _full_batch_gradient(shared_dir, method)
     assert (sharded["engine"], sharded["fsdp_version"], sharded["sharded"]) == ("FSDP", 2, True)
     assert sharded["normaliser"] == full["normaliser"] == "exact_rescale"
     tokens = sharded["tokens_per_rank"]
@@ -198,12 +212,12 @@ def test_fsdp_step_gradient_equals_one_process_full_batch(tmp_path, method, mode
 
 
 @pytest.mark.slow
-def test_fsdp_gradient_check_catches_the_deepspeed_estimate(tmp_path):
+def test_fsdp_gradient_check_catches_the_deepspeed_estimate(tmp_path, shared_dir):
     """The check has power: the same FSDP run with DeepSpeed's per-micro-batch kept-fraction normaliser forced on
     misses the full-batch gradient of entropy20 (kept fractions differ between micro-batches) by far more than 1e-6."""
-    micro, whole = _step_recipes(tmp_path)
+    micro, _ = _step_recipes(tmp_path)
     estimate = _first_step_gradient(tmp_path, micro, "entropy20", 2, _paper_engine(), "deepspeed_kept_fraction")
-    full = _first_step_gradient(tmp_path, whole, "entropy20", 1)
+    full = _full_batch_gradient(shared_dir, "entropy20")
     assert estimate["normaliser"] == "deepspeed_kept_fraction"
     error = max(_relative_errors(estimate["grads"], full["grads"]).values())
     print(f"entropy20 with the DeepSpeed estimate: max relative error {error:.2e}")
