@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # CPU miniature needs torch's CPU build from local disk: pin it in the same pip call as the project.
 PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q
 
-.PHONY: install test test-fast test-slow test-all test-vllm test-slurm demo mini-study bench clean
+.PHONY: install test test-fast test-slow test-all test-vllm test-slurm demo mini-study bench mutation clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -101,6 +101,14 @@ test-slurm: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_objectives.py
+
+# make mutation [MODULE=objectives|related_losses|batching]: the mutation score of the fast unit tests over the loss
+# and micro-batching modules (benchmarks/mutation.py; ~4 min on 2 cores). mutmut is no test dependency: installed on
+# demand. Writes mutants/ (git-ignored).
+mutation: $(STAMP)
+	$(BIN)/python -c "import mutmut, sys; sys.exit(mutmut.__version__ != '3.8.1')" 2>/dev/null || \
+	  $(PIP_INSTALL) mutmut==3.8.1
+	STAPO_VERL_DIR=$(VENV)/peers $(BIN)/python benchmarks/mutation.py $(if $(MODULE),--module $(MODULE))
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

@@ -140,16 +140,26 @@ def test_partitions_are_verls(seed):
 
 
 def test_micro_batch_count_is_the_largest_over_ranks():
+    """Each rank's count M = min(N, ⌈Σ len / budget⌉), then the largest over the ranks (``reduce_max``, the all-reduce
+    MAX; here a callback answering with the other ranks' counts). Three ranks of 16 long-tailed lengths, Σ 2144, 3022
+    and 3539 tokens, budget 800: local counts ⌈2.68⌉ = 3, ⌈3.78⌉ = 4, ⌈4.42⌉ = 5, so every rank splits into 5
+    micro-batches, and the partitions are verl's rearrange_micro_batches' (transcribed above)."""
     ranks = [long_tailed(16, s) for s in range(3)]
-    budget = 600
-    masks = [torch.tensor([[1] * n + [0] * (2000 - n) for n in r]) for r in ranks]
-    want = verl_rearrange_micro_batches(masks, 2000 if budget < 2000 else budget)
-    m = max(min(len(r), -(-sum(r) // 2000)) for r in ranks)
-    got = [batching.balanced_partitions(r, batching.micro_batch_count(r, 2000, reduce_max=lambda _: m)) for r in ranks]
-    assert got == want and len({len(p) for p in got}) == 1
-    lengths = [10, 30, 700, 5]  # Σ 745 over a 300-token budget: 3 micro-batches, balanced, one above the budget
+    assert [sum(r) for r in ranks] == [2144, 3022, 3539] and max(max(r) for r in ranks) <= 800
+    counts, seen = [3, 4, 5], []
+
+    def all_reduce_max(rank):
+        return lambda local: seen.append(local) or max([local] + counts[:rank] + counts[rank + 1:])
+
+    got = [batching.token_budget_partitions(r, 800, reduce_max=all_reduce_max(i)) for i, r in enumerate(ranks)]
+    assert seen == counts and [len(p) for p in got] == [5, 5, 5]
+    masks = [torch.tensor([[1] * n + [0] * (800 - n) for n in r]) for r in ranks]
+    assert got == verl_rearrange_micro_batches(masks, 800)
+    assert [batching.micro_batch_count(r, 800) for r in ranks] == counts  # one process: its own count
+    lengths = [10, 30, 700, 5]  # Σ 745 over a 700-token budget: ⌈1.06⌉ = 2 micro-batches, one above the budget
     parts = batching.token_budget_partitions(lengths, 700)
     assert len(parts) == 2 and sorted(sum(lengths[i] for i in p) for p in parts) == [45, 700]
+    assert parts == [[2], [0, 1, 3]]
     with pytest.raises(ValueError, match="below a sequence of 700"):
         batching.token_budget_partitions(lengths, 699)
 
@@ -169,6 +179,147 @@ def test_select_rows_trims_to_its_own_padding():
                                             mb["completion_mask"])
     assert ids.tolist() == [[2, 3, 0, 1, 11, 10]] and pos.tolist() == [[0, 1, 2, 3, 0, 1]]
     assert labels.tolist() == [[-100, -100, 0, 1, -100, 10]] and spans == [(2, 2), (5, 1)]
+
+
+def test_balanced_partitions_refuse_impossible_counts():
+    """k must be in 1..N (verl asserts the same); an empty step cannot be split; a partition with an empty part (only
+    possible with negative lengths) raises verl's assertion, as the transcription does."""
+    for k in (0, 4):
+        with pytest.raises(ValueError, match=rf"^cannot split 3 sequences into {k} micro-batches$"):
+            batching.balanced_partitions([5, 6, 7], k)
+    with pytest.raises(ValueError, match=r"^cannot split 0 sequences into 0 micro-batches$"):
+        batching.token_budget_partitions([], 100)
+    with pytest.raises(AssertionError, match=r"^an empty micro-batch among 4 for lengths \[1, 0, -1, 2\]$"):
+        batching.balanced_partitions([1, 0, -1, 2], 4)
+    with pytest.raises(AssertionError):
+        verl_get_seqlen_balanced_partitions([1, 0, -1, 2], 4)
+
+
+def test_token_budget_partitions_use_the_largest_count_over_ranks():
+    """[10, 30, 700, 5] at budget 700 counts ⌈745 / 700⌉ = 2 here; another rank's 3 wins the all-reduce MAX, so
+    three parts: Karmarkar–Karp by hand (pop the largest spreads: {700} with {30} → 700 | 30 | –, with {10} →
+    700 | 30 | 10, with {5} → 700 | 30 | 10+5): [[2], [1], [0, 3]], as verl's."""
+    seen = []
+    parts = batching.token_budget_partitions([10, 30, 700, 5], 700,
+                                             reduce_max=lambda local: seen.append(local) or max(local, 3))
+    assert seen == [2] and parts == [[2], [1], [0, 3]] == verl_get_seqlen_balanced_partitions([10, 30, 700, 5], 3)
+    assert batching.micro_batch_count([100, 200], 50) == 2  # ⌈300 / 50⌉ = 6, but only 2 sequences
+
+
+class _Ranks:
+    """torch.distributed as one rank of ``world`` sees it, the others' largest count being ``other`` (stapo.batching's
+    all-reduce of the micro-batch count); all_reduce applies the given op (default SUM, as torch's)."""
+
+    ReduceOp = torch.distributed.ReduceOp
+
+    def __init__(self, world: int, other: int, backend: str):
+        self.world, self.other, self.backend, self.reduced = world, other, backend, []
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return True
+
+    def get_world_size(self):
+        return self.world
+
+    def get_backend(self):
+        return self.backend
+
+    def all_reduce(self, tensor, op=torch.distributed.ReduceOp.SUM):
+        self.reduced.append(op)
+        other = torch.tensor(self.other)
+        tensor.copy_(torch.maximum(tensor, other) if op == self.ReduceOp.MAX else tensor + other)
+
+
+@pytest.mark.parametrize("backend, device", [("gloo", "cpu"), ("nccl", "cuda")])
+def test_micro_batch_count_all_reduces_its_maximum(monkeypatch, backend, device):
+    """Under torch.distributed (faked: another rank counts 5) the count is all-reduced with MAX, on the backend's
+    device (NCCL reduces CUDA tensors only), unless one process runs or a reduce_max is given. Here [100, 200, 300]
+    at budget 250: ⌈600 / 250⌉ = 3."""
+    import types
+
+    made = []
+    monkeypatch.setattr(batching, "torch", types.SimpleNamespace(
+        tensor=lambda data, device=None: made.append(torch.device(device or "cpu").type) or torch.tensor(data)))
+    lengths = [100, 200, 300]
+    for world, expected in ((2, 5), (3, 5), (1, 3)):
+        fake = _Ranks(world, 5, backend)
+        monkeypatch.setattr(batching, "dist", fake)
+        assert batching.micro_batch_count(lengths, 250) == expected, world
+        assert fake.reduced == ([torch.distributed.ReduceOp.MAX] if world > 1 else [])
+    assert made == [device, device]
+    fake = _Ranks(2, 5, backend)
+    monkeypatch.setattr(batching, "dist", fake)
+    assert batching.micro_batch_count(lengths, 250, reduce_max=lambda local: local + 1) == 4 and fake.reduced == []
+
+
+def test_sequence_lengths_are_prompt_plus_completion_tokens():
+    """verl's attention_mask.sum(-1): 1 + 4 and 2 + 1 tokens."""
+    batch = {"prompt_mask": torch.tensor([[0, 0, 1], [0, 1, 1]]),
+             "completion_mask": torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])}
+    assert batching.sequence_lengths(batch) == [5, 3]
+
+
+def _ragged_batch() -> dict:
+    """Row 0 without prompt tokens, row 1 without completion tokens, row 2 with both; a non-tensor first and a
+    scalar tensor last."""
+    return {"meta": "kept as is",
+            "prompt_ids": torch.tensor([[11, 12, 13], [21, 22, 23], [31, 32, 33]]),
+            "prompt_mask": torch.tensor([[0, 0, 0], [0, 1, 1], [1, 1, 1]]),
+            "completion_ids": torch.tensor([[14, 15, 0, 0], [0, 0, 0, 0], [34, 0, 0, 0]]),
+            "completion_mask": torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]),
+            "advantages": torch.tensor([0.5, -1.0, 2.0]), "num_items_in_batch": torch.tensor(3)}
+
+
+def test_select_rows_without_prompt_or_completion_tokens():
+    """Trimming when the selected rows have no prompt tokens (zero prompt columns) or no completion tokens (zero
+    completion columns); the widths are the longest prompt / completion of the selection, whatever the row count.
+    Every entry is kept, tensors or not."""
+    batch = _ragged_batch()
+    no_prompt = batching.select_rows(batch, [0])
+    assert no_prompt["prompt_ids"].shape == (1, 0) and no_prompt["prompt_mask"].shape == (1, 0)
+    assert no_prompt["completion_ids"].tolist() == [[14, 15]] and no_prompt["advantages"].tolist() == [0.5]
+    no_completion = batching.select_rows(batch, [1])
+    assert no_completion["prompt_ids"].tolist() == [[22, 23]] and no_completion["completion_ids"].shape == (1, 0)
+    both = batching.select_rows(batch, [0, 1])
+    assert both["prompt_ids"].tolist() == [[12, 13], [22, 23]] and both["prompt_mask"].tolist() == [[0, 0], [1, 1]]
+    assert both["completion_ids"].tolist() == [[14, 15], [0, 0]]
+    assert both["completion_mask"].tolist() == [[1, 1], [0, 0]]
+    reordered = batching.select_rows(batch, [2, 0])
+    assert reordered["prompt_ids"].tolist() == [[31, 32, 33], [11, 12, 13]]
+    assert reordered["completion_ids"].tolist() == [[34, 0], [14, 15]]
+    assert reordered["advantages"].tolist() == [2.0, 0.5]
+    for mb in (no_prompt, no_completion, both, reordered):
+        assert list(mb) == list(batch) and mb["meta"] == "kept as is" and int(mb["num_items_in_batch"]) == 3
+
+
+def test_pack_and_unpack_rows_without_prompt_or_completion_tokens():
+    """Packing :func:`_ragged_batch`: row 0 is its 2 completion tokens at 0-1, row 1 its 2 prompt tokens at 2-3
+    (an empty completion span at 4), row 2 prompt 4-6 and completion 7; positions restart per row. unpack puts a
+    packed row's values back at each row's completion positions, zeros elsewhere."""
+    b = _ragged_batch()
+    ids, pos, labels, spans = batching.pack(b["prompt_ids"], b["prompt_mask"], b["completion_ids"],
+                                            b["completion_mask"])
+    assert ids.tolist() == [[14, 15, 22, 23, 31, 32, 33, 34]] and pos.tolist() == [[0, 1, 0, 1, 0, 1, 2, 3]]
+    assert labels.tolist() == [[14, 15, -100, -100, -100, -100, -100, 34]] and spans == [(0, 2), (4, 0), (7, 1)]
+    values = torch.arange(1.0, 9.0, dtype=torch.float64)[None]
+    out = batching.unpack(values, spans, 3)
+    assert out.dtype == torch.float64 and out.tolist() == [[1.0, 2.0, 0.0], [0.0, 0.0, 0.0], [8.0, 0.0, 0.0]]
+    assert batching.unpack(labels, spans, 4).tolist() == [[14, 15, 0, 0], [0, 0, 0, 0], [34, 0, 0, 0]]
+
+
+def test_padded_fraction_counts_every_position_of_every_micro_batch():
+    """Micro-batch 1: 3 rows × (2 + 3) columns = 15 positions, 3 + 6 = 9 tokens; micro-batch 2: 1 × (1 + 2) = 3
+    positions, 2 tokens: 1 − 11/18 = 7/18 padded. Packed: no padding. One row of one token: none either."""
+    mb1 = {"prompt_mask": torch.tensor([[0, 1], [1, 1], [0, 0]]),
+           "completion_mask": torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])}
+    mb2 = {"prompt_mask": torch.tensor([[1]]), "completion_mask": torch.tensor([[1, 0]])}
+    assert batching.padded_fraction([mb1, mb2]) == pytest.approx(7 / 18)
+    assert batching.padded_fraction([mb1, mb2], packed=True) == 0.0
+    assert batching.padded_fraction([{"prompt_mask": torch.tensor([[1]]),
+                                      "completion_mask": torch.zeros(1, 0, dtype=torch.long)}]) == 0.0
 
 
 # ------------------------------------------------------------------------------------ gradients, 1-4 ranks
@@ -209,14 +360,16 @@ def _rel(a: dict, b: dict) -> float:
     return (num / sum(float(b[n].pow(2).sum()) for n in b)) ** 0.5
 
 
-def _harness_step(trainer, ranks: list[dict], budget: int, monkeypatch) -> dict:
-    """The trainer's token-budget path on each simulated rank; the ranks' gradients averaged (DDP)."""
-    m = max(min(len(r["advantages"]), -(-sum(batching.sequence_lengths(r)) // budget)) for r in ranks)
+def _harness_step(trainer, ranks: list[dict], budget: int, counts: list[int], monkeypatch) -> dict:
+    """The trainer's token-budget path on each simulated rank; the ranks' gradients averaged (DDP). ``counts``: each
+    rank's own micro-batch count, computed by hand; the all-reduce MAX hands every rank the largest."""
     trainer.settings.micro_batch_tokens = budget
     model = trainer.model
-    total = None
+    total, seen = None, []
+    count = batching.micro_batch_count
     with monkeypatch.context() as mp:  # the all-reduce MAX of the count, and the rank's step size
-        mp.setattr(batching, "micro_batch_count", lambda lengths, budget, reduce_max=None: m)
+        mp.setattr(batching, "micro_batch_count", lambda lengths, budget, reduce_max=None: count(
+            lengths, budget, reduce_max=lambda local: seen.append(local) or max(counts)))
         mp.setattr(T.StapoGRPOTrainer, "_step_completions", property(lambda self: len(ranks[0]["advantages"])))
         for inputs in ranks:
             model.zero_grad()
@@ -224,6 +377,7 @@ def _harness_step(trainer, ranks: list[dict], budget: int, monkeypatch) -> dict:
             trainer._close_window(model)
             g = _grads(model)
             total = g if total is None else {n: total[n] + g[n] for n in g}
+    assert seen == counts
     return {n: v / len(ranks) for n, v in total.items()}
 
 
@@ -268,9 +422,12 @@ def test_token_budget_equals_verl_dynamic_bsz(tmp_path, monkeypatch, method, sco
     inputs, 1-4 ranks of unequal lengths (24 completions per step). Measured: 0 relative difference (the same
     forwards, partitions and weights), where weighting the micro-batches equally differs by > 1e-3."""
     plan, trainer = _trainer(tmp_path, method, loss_agg_mode="token-mean-per-micro-batch", quantile_scope=scope)
+    # each rank's min(N, ⌈Σ len / 40⌉) by hand: world 1 Σ 273 → 7; 2: Σ 129, 132 → 4, 4; 3: Σ 91, 48, 104 → 3, 2, 3;
+    # 4: Σ 46, 64, 87, 65 → 2, 2, 3, 2
+    counts = {1: [7], 2: [4, 4], 3: [3, 2, 3], 4: [2, 2, 3, 2]}
     for world in (1, 2, 3, 4):
         ranks = [_step(24 // world, 10 * world + r) for r in range(world)]  # unequal lengths on every rank
-        got = _harness_step(trainer, ranks, 40, monkeypatch)
+        got = _harness_step(trainer, ranks, 40, counts[world], monkeypatch)
         want = _verl_step(trainer, plan.objective, ranks, 40)
         rel = _rel(got, want)
         print(f"{method} {scope} world={world}: relative gradient difference {rel:.2e}")

@@ -897,3 +897,291 @@ def test_no_string_dispatch_on_aggregation_or_scope():
     hits = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.name != "objective.py"
             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert hits == []
+
+
+# --------------------------------------- clamps, caps, ties and plumbing (issue 37: what mutation testing found)
+# Every expected value below is written by hand from the definitions (module docstring of stapo/objectives.py).
+
+
+def test_log_ratio_clamp_binds_below_minus_20():
+    """log ρ = −30 is clamped to −20 (zero gradient there); log ρ = −15 is not. Â = +1, ε_low = 0.2: the min picks
+    the unclipped −ρ for both, so ℓ = (−e^−20 − e^−15) / 2 and ∂ℓ/∂logp = (0, −e^−15 / 2)."""
+    x = _inputs([[-30.0, -15.0]], [1.0], [[1, 1]], old_logps=[[0.0, 0.0]])
+    loss, m = policy_loss(METHODS["justrl"], **x)
+    assert loss.item() == pytest.approx(-(math.exp(-20) + math.exp(-15)) / 2, rel=1e-5)
+    assert m["ratio_mean"] == pytest.approx((math.exp(-20) + math.exp(-15)) / 2, rel=1e-5)
+    loss.backward()
+    assert x["logps"].grad[0, 0].item() == 0.0
+    assert x["logps"].grad[0, 1].item() == pytest.approx(-math.exp(-15) / 2, rel=1e-5)
+
+
+def test_clip_and_dual_clip_boundaries_and_fractions():
+    """One token per row, ratios exact in fp32 (e^ln 2 = 2 etc.); ε_low = 0.5, ε_high = 1, c = 2, so the bounds are
+    0.5, 2 and the cap 2|Â|. A ratio AT a bound is not clipped, a loss AT the cap is not capped (strict, verl's
+    torch.gt); Â = 0 is neither side. Hand-computed ℓ per row (ρ, Â → ℓ):
+      2, −1 → 2 (at the cap)   0.5, −1 → 0.5 (at the low bound)   2, +1 → −2 (at the high bound)
+      0.25, 0 → 0   4, 0 → 0   0.25, +0.5 → −0.125 (low side, Â > 0)   4, −1 → 2 (capped: dual)
+      0.25, −1 → 0.5 (low clip)   4, +1 → −2 (high clip)
+    Σ ℓ = 0.875 over 9 tokens; one low, one high, one dual clip."""
+    ratios = [2.0, 0.5, 2.0, 0.25, 4.0, 0.25, 4.0, 0.25, 4.0]
+    adv = [-1.0, -1.0, 1.0, 0.0, 0.0, 0.5, -1.0, -1.0, 1.0]
+    x = _inputs([[math.log(r)] for r in ratios], adv, [[1]] * 9, old_logps=[[0.0]] * 9)
+    cfg = get_objective("justrl", eps_low=0.5, eps_high=1.0, clip_ratio_c=2.0)
+    loss, m = policy_loss(cfg, **x)
+    assert loss.item() == pytest.approx(0.875 / 9, rel=1e-6)
+    assert (m["clip_fraction_low"], m["clip_fraction_high"]) == (pytest.approx(1 / 9), pytest.approx(1 / 9))
+    assert m["clip_fraction"] == pytest.approx(2 / 9) and m["clip_fraction_dual"] == pytest.approx(1 / 9)
+    assert m["kl_mean"] == 0.0 and m["ratio_mean"] == pytest.approx(sum(ratios) / 9, rel=1e-6)
+
+
+@pytest.mark.parametrize("kl_clip, delta, k3", [
+    (100.0, -30.0, math.exp(-20) + 20 - 1),  # δ clamped at −20: 19 (unclamped it would be 29)
+    (1e12, 25.0, math.exp(20) - 20 - 1),  # δ clamped at +20: 4.85e8 (unclamped 7.2e10)
+    (1e12, -15.0, math.exp(-15) + 15 - 1),  # inside ±20: no clamp
+])
+def test_k3_log_ratio_clamp_each_side(kl_clip, delta, k3):
+    """verl low_var_kl clamps δ = log π_ref − log π to ±20 before k3 = e^δ − δ − 1; with a kl_clip above k3 the δ
+    clamp alone decides (zero gradient where it binds)."""
+    x = _inputs([[-5.0]], [0.0], [[1]])
+    cfg = get_objective("grpo", kl_clip=kl_clip)
+    loss, m = policy_loss(cfg, ref_logps=torch.tensor([[-5.0 + delta]]), **x)
+    assert m["kl_mean"] == pytest.approx(k3, rel=1e-5) and loss.item() == pytest.approx(0.04 * k3, rel=1e-5)
+    loss.backward()
+    assert (x["logps"].grad.item() == 0.0) == (abs(delta) > 20)
+
+
+def test_without_kl_weight_the_reference_never_reaches_the_loss():
+    """kl_beta = 0 with ref_logps given (reported as kl_mean only): a NaN in the reference log-probs shows in kl_mean
+    and nowhere in the loss or its gradient. Ratio 1, Â = +1, −1: ℓ = (−1 + 1) / 2 = 0, ∂ℓ/∂logp = (−1/2, +1/2)."""
+    x = _inputs([[-1.0], [-2.0]], [1.0, -1.0], [[1], [1]])
+    loss, m = policy_loss(METHODS["justrl"], ref_logps=torch.tensor([[float("nan")], [-2.0]]), **x)
+    loss.backward()
+    assert loss.item() == 0.0 and math.isnan(m["kl_mean"])
+    assert x["logps"].grad.flatten().tolist() == [-0.5, 0.5]
+
+
+def test_candidates_need_a_positive_advantage_and_a_probability_strictly_below_tau_p():
+    """τ_p = 0.5: p = 0.5 exactly is not a candidate (strict <), p = 0.25 is; Â = 0 makes no candidates."""
+    logps = torch.tensor([[math.log(0.5), math.log(0.25), 0.0], [math.log(0.25)] * 3])
+    cand = candidate_mask(logps=logps, advantages=torch.tensor([1.0, 0.0]), completion_mask=torch.tensor(
+        [[1, 1, 0], [1, 1, 1]]), tau_p=0.5)
+    assert cand.tolist() == [[False, True, False], [False, False, False]]
+
+
+def _ablation_batch() -> dict:
+    """Six S2T candidates (p = 1e-4, Â > 0) with H 0.1 … 0.6 at flat positions 0-5 of a [2, 4] batch, one common
+    token (H 0.05) and one padding position (H 9). q = 0.75: τ_h = 0.4 + 0.75·0.1 = 0.475, the 0.25-quantile
+    0.2 + 0.25·0.1 = 0.225."""
+    rare = math.log(1e-4)
+    return _inputs([[rare] * 4, [rare, rare, -0.1, rare]], [1.0, 0.5], [[1, 1, 1, 1], [1, 1, 1, 0]],
+                   entropies=[[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.05, 9.0]])
+
+
+def _subset(flat: list[int]) -> list[list[bool]]:
+    out = [[False] * 4 for _ in range(2)]
+    for i in flat:
+        out[i // 4][i % 4] = True
+    return out
+
+
+def _first_of_permutation(seed: int, k: int) -> list[int]:
+    """stapo_random's choice transcribed: the first k of randperm over the 6 candidates (flat positions 0-5)."""
+    return torch.randperm(6, generator=torch.Generator().manual_seed(seed))[:k].tolist()
+
+
+def test_ablation_masks_built_at_call_time():
+    """The three S2T ablation masks, built by their factory now (the registered ones are built at import, out of the
+    tests' reach), on :func:`_ablation_batch` with the call's own thresholds: high silences H > 0.225 (4), random 4
+    of the 6 (as many as H < 0.475) chosen by the config's seed, full all 6. Padding is never kept."""
+    import stapo.objectives as obj
+
+    x = _ablation_batch()
+    tensors = {k: x[k] for k in ("logps", "entropies", "advantages")}
+    m = x["completion_mask"].bool()
+    cfg = get_objective("stapo_random", seed=3)
+    want = {"high": [2, 3, 4, 5], "random": _first_of_permutation(3, 4), "full": [0, 1, 2, 3, 4, 5]}
+    with torch.random.fork_rng():
+        torch.manual_seed(12345)  # a mask that fell back to the global generator would draw another subset
+        for variant, flat in want.items():
+            mask = obj._ablation(variant)
+            assert f"({variant!r})" in mask.__doc__
+            kept, silenced = mask(cfg, **tensors, completion_mask=m)
+            assert silenced.tolist() == _subset(flat), variant
+            assert kept.tolist() == [[not s and bool(v) for s, v in zip(*r)] for r in zip(_subset(flat), m.tolist())]
+            assert torch.equal(kept, TOKEN_MASKS[f"s2t_{variant}"](cfg, **tensors, completion_mask=m)[0]), variant
+
+
+def test_ablation_masks_use_the_given_thresholds_generator_and_candidates():
+    """Given step thresholds τ_h = 0.2 and 0.25-quantile 0.5 (both equal to a candidate's H: strict inequalities
+    leave that one alone): high silences H > 0.5 (the 0.6 only), random as many as H < 0.2 (one) drawn by the given
+    generator (seed 5, not the config's 0); given candidates replace the call's (full silences exactly them)."""
+    import stapo.objectives as obj
+
+    x = _ablation_batch()
+    tensors = {k: x[k] for k in ("logps", "entropies", "advantages")}
+    m = x["completion_mask"].bool()
+    cfg, t = METHODS["stapo_random"], Thresholds(tau_h=0.2, tau_h_high=0.5)
+    kw = dict(**tensors, completion_mask=m, thresholds=t)
+    assert obj._ablation("high")(cfg, **kw)[1].tolist() == _subset([5])
+    random = obj._ablation("random")(cfg, **kw, generator=torch.Generator().manual_seed(5))[1]
+    assert random.tolist() == _subset(_first_of_permutation(5, 1))
+    assert ablation_silence_mask("random", **tensors, completion_mask=m, tau_p=0.002, q=0.75, thresholds=t,
+                                 generator=torch.Generator().manual_seed(5)).tolist() == random.tolist()
+    given = torch.tensor([[False, True, False, False], [False, False, True, False]])
+    assert obj._ablation("full")(cfg, **kw, candidates=given)[1].tolist() == given.tolist()
+    assert ablation_silence_mask("full", **tensors, completion_mask=m, tau_p=0.002, q=0.75,
+                                 candidates=given).tolist() == given.tolist()
+    with pytest.raises(ValueError, match=r"^unknown S2T ablation 'half'; expected high, random or full$"):
+        ablation_silence_mask("half", **tensors, completion_mask=m, tau_p=0.002, q=0.75)
+
+
+def test_kept_mask_and_policy_loss_pass_the_generator_on():
+    """stapo_random with a caller's generator (seed 5): kept_mask and policy_loss silence the subset that generator
+    draws, not the one of the config's seed (0). Step thresholds τ_h = 0.475 (:func:`_ablation_batch`): 4 of 6."""
+    x = _ablation_batch()
+    t = Thresholds(tau_h=0.475, tau_h_high=0.225)
+    want = _subset(_first_of_permutation(5, 4))
+    assert want != _subset(_first_of_permutation(0, 4))
+    _, silenced = kept_mask(METHODS["stapo_random"], **{k: x[k] for k in ("logps", "entropies", "advantages",
+                                                                        "completion_mask")},
+                            thresholds=t, generator=torch.Generator().manual_seed(5))
+    assert silenced.tolist() == want
+    tokens = {}
+    policy_loss(METHODS["stapo_random"], thresholds=t, generator=torch.Generator().manual_seed(5), tokens=tokens, **x)
+    assert tokens["silenced"].tolist() == want
+
+
+@pytest.mark.parametrize("method, scope, silenced", [
+    ("stapo", "mini_batch", [0, 1, 2]), ("stapo", "micro_batch", [0, 1, 2]), ("stapo_high", "micro_batch", [2, 3, 4]),
+    ("stapo_random", "micro_batch", None), ("stapo_full", "mini_batch", [0, 1, 2, 3, 4])])
+def test_policy_loss_finds_the_candidates_once_and_reports_its_tokens(monkeypatch, method, scope, silenced):
+    """policy_loss computes the S2T candidates once and hands them to the thresholds and the mask (none recomputes
+    them), and fills ``tokens``. The batch of test_stapo_hand_computed: candidates the 5 rare tokens of response 0
+    (H 0.1 … 0.5); stapo silences the 3 below τ_h = 0.4, stapo_high the 3 above the 0.25-quantile 0.2, stapo_random
+    3 of the 5, stapo_full all 5."""
+    import stapo.objectives as obj
+
+    calls = []
+    find = obj.candidate_mask
+    monkeypatch.setattr(obj, "candidate_mask", lambda **kw: calls.append(1) or find(**kw))
+    rare, common = -8.0, -0.1
+    x = _inputs([[rare] * 5 + [common] * 3, [rare, rare] + [common] * 6],
+                [1.0, -0.5], [[1] * 8, [1] * 8], entropies=[[0.1, 0.2, 0.3, 0.4, 0.5, 0.05, 0.05, 0.05], [0.01] * 8])
+    tokens = {}
+    policy_loss(get_objective(method, quantile_scope=scope), tokens=tokens, **x)
+    assert len(calls) == 1
+    assert tokens["candidates"].tolist() == [[True] * 5 + [False] * 3, [False] * 8]
+    if silenced is None:  # random: three of the candidates
+        assert int(tokens["silenced"].sum()) == 3 and not (tokens["silenced"] & ~tokens["candidates"]).any()
+    else:
+        assert tokens["silenced"].tolist() == [[i in silenced for i in range(8)], [False] * 8]
+    assert torch.equal(tokens["kept"], ~tokens["silenced"])
+
+
+def test_registries_refuse_a_second_registration_and_fill_their_own_table():
+    """Each registrar adds to its own table under the given name, and refuses a name already there, saying which."""
+    import stapo.objectives as obj
+
+    for table, register, what, taken in ((obj.TOKEN_MASKS, obj.register_token_mask, "token mask", "all"),
+                                        (obj.THRESHOLDS, obj.register_thresholds, "thresholds", "s2t"),
+                                        (obj.POLICY_LOSSES, obj.register_policy_loss, "policy loss", "vanilla")):
+        before = dict(table)
+        with pytest.raises(ValueError, match=rf"^{what} '{taken}' is registered twice$"):
+            register(taken)(lambda: None)
+        assert table == before
+
+        def new():
+            pass
+
+        try:
+            assert register("issue37_probe")(new) is new and table["issue37_probe"] is new
+            assert [t for t in (obj.TOKEN_MASKS, obj.THRESHOLDS, obj.POLICY_LOSSES) if "issue37_probe" in t] == [table]
+        finally:
+            table.pop("issue37_probe", None)
+
+
+class _OtherRanks:
+    """torch.distributed as rank 0 sees it in a group whose other ranks hold ``others`` (1-D tensors), for
+    stapo.objectives' gather. all_gather fills slot r with rank r's tensor: first the sizes, then the values padded
+    to the caller's length; like the real collective it needs every slot of the caller's shape and dtype, and a
+    caller's tensor long enough for every rank's values."""
+
+    def __init__(self, others: list):
+        self.others, self.gathers = others, 0
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return True
+
+    def get_world_size(self):
+        return 1 + len(self.others)
+
+    def all_gather(self, slots, tensor):
+        assert len(slots) == self.get_world_size()
+        assert all(s.shape == tensor.shape and s.dtype == tensor.dtype for s in slots)
+        self.gathers += 1
+        if self.gathers == 1:
+            theirs = [torch.tensor([len(o)]) for o in self.others]
+        else:
+            assert all(len(o) <= tensor.numel() for o in self.others), "a slot shorter than a rank's values"
+            theirs = [torch.cat([o, o.new_zeros(tensor.numel() - len(o))]) for o in self.others]
+        for slot, value in zip(slots, [tensor] + theirs):
+            slot.copy_(value)
+
+
+@pytest.mark.parametrize("others, expected", [
+    ([], [0.1, 0.2, 0.3]),
+    ([[5.0, 6.0, 7.0, 8.0, 9.0]], [0.1, 0.2, 0.3, 5.0, 6.0, 7.0, 8.0, 9.0]),  # a longer rank: padding, trimmed
+    ([[5.0, 6.0, 7.0, 8.0, 9.0], [4.0]], [0.1, 0.2, 0.3, 5.0, 6.0, 7.0, 8.0, 9.0, 4.0]),
+    ([[], [4.0]], [0.1, 0.2, 0.3, 4.0]),  # a rank with nothing to give
+])
+def test_gather_across_ranks_concatenates_every_rank(monkeypatch, others, expected):
+    """The gather behind the "micro_batch" quantiles, against fake ranks: the values of every rank in rank order,
+    each without its padding, in the caller's dtype (float64 here); one process: the tensor itself."""
+    import stapo.objectives as obj
+
+    fake = _OtherRanks([torch.tensor(o, dtype=torch.float64) for o in others])
+    monkeypatch.setattr(obj, "dist", fake)
+    ours = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
+    got = obj._gather_across_ranks(ours)
+    assert got.dtype == torch.float64 and got.tolist() == expected
+    assert (got is ours) == (not others) and fake.gathers == (2 if others else 0)
+
+
+def test_thresholds_and_silence_mask_gather_unless_told_not_to(monkeypatch):
+    """Four candidates here with H 0.1 … 0.4, and another rank's four with H 0.9: gathered (the default of
+    step_thresholds and silence_mask), τ_h = quantile([.1 .2 .3 .4 .9 .9 .9 .9], 0.75) = 0.9 (all four of ours
+    silenced) and the 0.25-quantile 0.2 + 0.75·0.1 = 0.275; this rank's alone (gather=False) τ_h = 0.325, three."""
+    import stapo.objectives as obj
+
+    monkeypatch.setattr(obj, "_gather_across_ranks", lambda v: torch.cat([v, torch.full((4,), 0.9)]))
+    x = _inputs([[math.log(1e-4)] * 4], [1.0], [[1] * 4], entropies=[[0.1, 0.2, 0.3, 0.4]])
+    t = {k: x[k] for k in ("logps", "entropies", "advantages", "completion_mask")}
+    got = step_thresholds(METHODS["stapo"], **t)
+    assert (got.tau_h, got.tau_h_high) == (pytest.approx(0.9), pytest.approx(0.275))
+    s2t = dict(t, tau_p=0.002, q=0.75)
+    assert silence_mask(**s2t).tolist() == [[True] * 4]
+    assert silence_mask(**s2t, gather=False).tolist() == [[True, True, True, False]]
+
+
+def test_empty_and_single_pools_at_call_scope():
+    """Quantiles over the call ("micro_batch" scope) with nothing to take them over: no candidates silence
+    nothing, no completion tokens keep nothing; a single completion token is its own cut and is kept."""
+    x = _inputs([[math.log(1e-4)] * 3], [-1.0], [[1, 1, 0]], entropies=[[0.1, 0.2, 0.3]])  # Â < 0: no candidates
+    t = {k: x[k] for k in ("logps", "entropies", "advantages", "completion_mask")}
+    assert silence_mask(**t, tau_p=0.002, q=0.75).tolist() == [[False] * 3]
+    none = high_entropy_mask(entropies=x["entropies"], completion_mask=torch.zeros(1, 3, dtype=torch.int), ratio=0.2)
+    assert none.tolist() == [[False] * 3]
+    one = high_entropy_mask(entropies=x["entropies"], completion_mask=torch.tensor([[0, 1, 0]]), ratio=0.2)
+    assert one.tolist() == [[False, True, False]]
+
+
+def test_top_k_breaks_ties_by_position_among_many():
+    """The release's local scope keeps exactly k tokens; among tied entropies the earliest (a stable sort: an
+    unstable one reorders ties from about 100 elements on). H = i mod 3 over 200 tokens, ρ = 0.2: k = 40 of the 67
+    tokens with H = 2, at positions 2, 5, …, 119."""
+    ent = torch.tensor([[float(i % 3) for i in range(200)]])
+    kept = high_entropy_mask(entropies=ent, completion_mask=torch.ones(1, 200, dtype=torch.int), ratio=0.2, top_k=40)
+    assert kept[0].nonzero().flatten().tolist() == list(range(2, 120, 3))

@@ -14,6 +14,7 @@ broken variants must fail it (so the comparison can fail).
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 import types
@@ -245,3 +246,108 @@ def test_a_new_loss_is_one_declaration_and_its_function(monkeypatch):
     loss, grad = _ours(cfg, x, 0)
     assert float(loss) == pytest.approx(float(-(x["advantages"].unsqueeze(-1) * x["logps"]).sum() / 6), rel=1e-6)
     torch.testing.assert_close(grad, (-x["advantages"] / 6).unsqueeze(-1).expand(2, 3))
+
+
+# -------------------------------------------------------------- extreme ratios (issue 37: mutation testing)
+# The random inputs above keep |log ρ| below ~1, where neither CISPO's ±20 clamp of log ρ nor GSPO's cap of the
+# sequence log-ratio at 10 binds: a CISPO clamped at ±10, or a GSPO without its cap, passes test_equals_verl with a
+# difference of exactly 0. These inputs put every token's log ρ near −30, −15, +15 or +30.
+
+EXTREME_LOG_RATIOS = (-30.0, -15.0, 15.0, 30.0)
+
+
+def _extreme_inputs(B: int, T: int, seed: int, log_ratio: float) -> dict:
+    """:func:`_inputs` with every log ρ = log_ratio ± 0.5·N(0, 1)."""
+    x = _inputs(B, T, seed, 0.5)
+    return {**x, "old_logps": x["old_logps"] - log_ratio}
+
+
+def extreme_relative_differences(core_algos, method: str, **overrides) -> dict[float, tuple[float, float]]:
+    """Per log ρ region, the largest (loss, gradient) relative difference to verl over AGGREGATIONS × two shapes ×
+    two seeds."""
+    worst = {}
+    for log_ratio in EXTREME_LOG_RATIOS:
+        worst[log_ratio] = (0.0, 0.0)
+        for agg in AGGREGATIONS:
+            cfg = get_objective(method, loss_agg_mode=agg, **overrides)
+            for (B, T) in SHAPES[:2]:
+                for seed in SEEDS[:2]:
+                    x = _extreme_inputs(B, T, seed, log_ratio)
+                    diff = _relative_differences(_ours(cfg, x, seed), _verl(core_algos, method, cfg, x, seed))
+                    worst[log_ratio] = tuple(max(w, d) for w, d in zip(worst[log_ratio], diff))
+    return worst
+
+
+@pytest.mark.parametrize("method", list(VERL_FUNCTION))
+def test_equals_verl_at_extreme_ratios(core_algos, method):
+    worst = extreme_relative_differences(core_algos, method)
+    assert all(max(d) <= TOLERANCE for d in worst.values()), (method, worst)
+
+
+@pytest.mark.parametrize("method, change", [
+    ("cispo", "log_ratio_clip 10"),  # CISPO's log ρ clamped at ±10 instead of ±20
+    ("gspo", "no cap"),  # GSPO's sequence log-ratio without its cap at 10
+])
+def test_clamps_that_only_extreme_ratios_reach_fail_the_comparison(core_algos, monkeypatch, method, change):
+    """The two changes the moderate inputs cannot see (difference 0 there) differ from verl by far more than the
+    tolerance at the extreme ratios: CISPO where log ρ < −10 (its weight e^−10 instead of ρ), GSPO where a
+    sequence's log-ratio exceeds 10 with Â < 0 (e^15 instead of e^10)."""
+    import stapo.related_losses
+
+    overrides = {"log_ratio_clip": 10.0} if change == "log_ratio_clip 10" else {}
+    if change == "no cap":
+        monkeypatch.setattr(stapo.related_losses, "GSPO_LOG_RATIO_MAX", float("inf"))
+    moderate = max_relative_differences(core_algos, method, **overrides)
+    worst = extreme_relative_differences(core_algos, method, **overrides)
+    print(f"{method} with {change}: moderate inputs (loss, gradient) {moderate}; extreme, by log ρ: {worst}")
+    assert max(max(d) for d in worst.values()) > 1.0, (method, change, worst)
+
+
+def test_cispo_clamps_log_ratio_at_20_hand_computed():
+    """CISPO (ε_low = 1, ε_high = 4: weight clip(ρ, 0, 5)), one response, Â = +1, log ρ = −15, −30, +15, +30 →
+    clamped to −15, −20, 15, 20: weights e^−15, e^−20, 5, 5; ℓ = −w·Â·log π with log π = −15, −30, −2, −2.
+    token-mean: loss (15e^−15 + 30e^−20 + 10 + 10) / 4, ∂loss/∂log π = −w / 4, ratio_mean (e^−15 + e^−20 + e^15 +
+    e^20) / 4 (the clamped ratios)."""
+    logps = torch.tensor([[-15.0, -30.0, -2.0, -2.0]], requires_grad=True)
+    x = dict(old_logps=torch.tensor([[0.0, 0.0, -17.0, -32.0]]), advantages=torch.tensor([1.0]),
+             completion_mask=torch.ones(1, 4, dtype=torch.int), entropies=torch.zeros(1, 4))
+    loss, m = policy_loss(get_objective("cispo"), logps=logps, **x)
+    e = math.exp
+    assert loss.item() == pytest.approx((15 * e(-15) + 30 * e(-20) + 20) / 4, rel=1e-6)
+    assert m["ratio_mean"] == pytest.approx((e(-15) + e(-20) + e(15) + e(20)) / 4, rel=1e-5)
+    loss.backward()
+    torch.testing.assert_close(logps.grad, torch.tensor([[-e(-15) / 4, -e(-20) / 4, -1.25, -1.25]]), rtol=1e-5,
+                               atol=0.0)
+
+
+def test_gspo_caps_the_sequence_log_ratio_at_10_hand_computed():
+    """GSPO (seq-mean-token-mean, ε 3e-4 / 4e-4), Â = −1 on both responses, so ℓ = s (the unclipped branch).
+    Response 0: log ρ = 14, 16, mean 15 → capped at 10: s = e^10, zero gradient (the cap binds). Response 1:
+    log ρ = 12, 4 and a padded position, mean 8 (the cap is on the sequence, not the 12): s = e^8, ∂ℓ/∂log π_t =
+    s / 2 tokens / 2 responses. loss (e^10 + e^8) / 2; ratio_mean the same (two tokens each)."""
+    logps = torch.full((2, 3), -1.0, requires_grad=True)
+    x = dict(old_logps=torch.tensor([[-15.0, -17.0, -1.0], [-13.0, -5.0, -99.0]]),
+             advantages=torch.tensor([-1.0, -1.0]), completion_mask=torch.tensor([[1, 1, 0], [1, 1, 0]]),
+             entropies=torch.zeros(2, 3))
+    loss, m = policy_loss(get_objective("gspo"), logps=logps, **x)
+    e = math.exp
+    assert loss.item() == pytest.approx((e(10) + e(8)) / 2, rel=1e-5)
+    assert m["ratio_mean"] == pytest.approx((e(10) + e(8)) / 2, rel=1e-5)
+    loss.backward()
+    torch.testing.assert_close(logps.grad, torch.tensor([[0.0, 0.0, 0.0], [e(8) / 4, e(8) / 4, 0.0]]), rtol=1e-5,
+                               atol=0.0)
+
+
+@pytest.mark.parametrize("lb, ub, detached", [(1.0, 5.0, 0), (0.0, 1.0, 0), (0.5, 1.5, 1)])
+def test_clip_cov_bounds_are_strict(lb, ub, detached):
+    """Two on-policy tokens (ratio 1, nothing clipped), Â = +1, −1, log π = −1, −3: covariance (Â − 0)(log π + 2) =
+    1 for both, exactly. A bound equal to it excludes them (lb < cov < ub, verl's); inside (0.5, 1.5) one of the
+    two (max(1, ⌊0.5·2⌋)) is detached. ℓ = −Â: gradient −Â / 2 per token, 0 for the detached one."""
+    cfg = get_objective("clip_cov", clip_cov_ratio=0.5, clip_cov_lb=lb, clip_cov_ub=ub)
+    logps = torch.tensor([[-1.0], [-3.0]], requires_grad=True)
+    loss, m = policy_loss(cfg, logps=logps, old_logps=logps.detach(), advantages=torch.tensor([1.0, -1.0]),
+                          entropies=torch.zeros(2, 1), completion_mask=torch.ones(2, 1, dtype=torch.int),
+                          generator=torch.Generator().manual_seed(0))
+    loss.backward()
+    assert m["silenced_fraction"] == detached / 2 and m["kept_fraction"] == 1.0
+    assert logps.grad.flatten().tolist() in ([[-0.5, 0.5]] if not detached else [[0.0, 0.5], [-0.5, 0.0]])
