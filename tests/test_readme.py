@@ -30,7 +30,10 @@ TINY_EVAL = ("stapo eval --model runs/tiny-qwen3/stapo/final --benchmark arith -
 CHEAP = {
     "make demo": ("make -n demo", "dry run: the demo trains for ~12 min (measured by hand, README)"),
     "make demo DATA_DIR=bundled": ("make -n demo DATA_DIR=bundled", "dry run, as make demo"),
-    "make test": ("make -n test", "dry run: the suite takes 15 min"),
+    "make test": ("make -n test", "dry run: the fast tier takes ~3 min"),
+    "make test-slow": ("make -n test-slow", "dry run: the slow tier takes ~15 min"),
+    "make test-all": ("make -n test-all", "dry run: CI's whole run (~35 min)"),
+    "make mutation": ("make -n mutation", "dry run: ~4 min of mutants, a measurement (not in CI)"),
     "make mini-study": ("make -n mini-study", "dry run: 86 min"),
     "make test-vllm": ("make -n test-vllm", "dry run: it builds a vLLM venv (~1 GB download)"),
     "make test-slurm": ("make -n test-slurm", "dry run: it needs root and installs SLURM"),
