@@ -32,6 +32,7 @@ PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 STAPO_VE
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports  # the package's layers, independence and no cycles ([tool.importlinter] in pyproject.toml)
 	$(PYTEST) -m "not slow and not vllm and not slurm" tests
 
 test-fast: test
@@ -102,7 +103,7 @@ test-slurm: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_objectives.py
 
-# make mutation [MODULE=objectives|related_losses|batching]: the mutation score of the fast unit tests over the loss
+# make mutation [MODULE=losses/masks|...|train/layout]: the mutation score of the fast unit tests over the loss
 # and micro-batching modules (benchmarks/mutation.py; ~4 min on 2 cores). mutmut is no test dependency: installed on
 # demand. Writes mutants/ (git-ignored).
 mutation: $(STAMP)

@@ -155,7 +155,7 @@ def _bounded_fixtures(work: Path) -> None:
 def _damaged_scores(scores: Path, damage: str) -> None:
     """A three-seed cell whose seed1 per-sample file was damaged after its summary was written: ``short`` cuts it to
     half its lines, ``mid-line`` cuts its last line mid-way (and its summary predates the checksum)."""
-    from stapo.scoring import samples_file_digest, summary_of
+    from stapo.eval.scoring import samples_file_digest, summary_of
 
     for seed in range(3):
         path = scores / "m" / "stapo" / f"seed{seed}" / "final" / "arith" / "t1.0_p1.0.jsonl"
@@ -173,7 +173,7 @@ def _damaged_scores(scores: Path, damage: str) -> None:
 
 def _damaged_final(run: Path) -> None:
     """A run directory whose final/ verified when written and then had one bit flipped (same size, same mtime)."""
-    from stapo.manifest import FINAL_COMPLETE, write_manifest
+    from stapo.core.manifest import FINAL_COMPLETE, write_manifest
 
     final = run / "final"
     if final.exists():
@@ -192,7 +192,7 @@ def _damaged_final(run: Path) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-HOLD = ("import sys, time\nfrom stapo.lock import {fn}\nwith {fn}(sys.argv[1]):\n"
+HOLD = ("import sys, time\nfrom stapo.core.lock import {fn}\nwith {fn}(sys.argv[1]):\n"
         "    print('held', flush=True)\n    time.sleep(3600)\n")
 
 
@@ -409,7 +409,7 @@ def run_case(case: Case, work: Path, cwd: Path = REPO) -> dict:
 # imported by a stage (the trainer, lm-eval, vLLM) and never needed to refuse a bad input
 HEAVY_MODULES = ("torch", "transformers", "trl", "accelerate", "datasets", "lm_eval", "vllm")
 # the cases refused after a heavy import, and why (each a known exception, not a model load)
-LATE_IMPORTS = {"eval: corrupt generation cache": {"lm_eval"}}  # the cache class lives in stapo.generation, whose
+LATE_IMPORTS = {"eval: corrupt generation cache": {"lm_eval"}}  # the cache class lives in stapo.eval.generation, whose
 # ResumableLM subclasses lm-eval's LM: ~0.5 s of lm_eval.api, no torch, no model
 IN_PROCESS = ("stapo", "vllm_settings")  # the entries whose main() this process can call; snakemake stays a process
 

@@ -1,4 +1,4 @@
-"""Cost of the SHA-256 checkpoint manifest (stapo.manifest) at Qwen3-1.7B-Base's shape on CPU.
+"""Cost of the SHA-256 checkpoint manifest (stapo.core.manifest) at Qwen3-1.7B-Base's shape on CPU.
 
     .venv/bin/python benchmarks/bench_checksums.py [--dir /tmp] [--dtype bfloat16] [--rounds 2] [--json OUT.json]
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from stapo.manifest import COMPLETE, verify, write_manifest
+    from stapo.core.manifest import COMPLETE, verify, write_manifest
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the checkpoint is written")

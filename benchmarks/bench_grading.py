@@ -1,4 +1,4 @@
-"""Benchmark of stapo.grading.grade: throughput against sequential math-verify, and the adversarial batch.
+"""Benchmark of stapo.tasks.grading.grade: throughput against sequential math-verify, and the adversarial batch.
 
     .venv/bin/python benchmarks/bench_grading.py [--data-dir stapo/tasks/data] [--pairs 2000]
                                                  [--workers N] [--timeout 5] [--json OUT.json] [--justrl]
@@ -169,12 +169,12 @@ def one_pass(mode: str, comps: list[str], golds: list[str], timeout: float, work
              justrl: list[str] | None = None) -> dict:
     """Grade all pairs once in this (fresh) process: sequentially, or with grade() (its start-up included); with
     ``justrl`` (JustRL's golds), both rule stages, as ``stapo eval`` does."""
-    from stapo import grading
+    from stapo.tasks import grading, rules
 
     cpu0 = os.times()
     if mode == "seq":
         jgolds = justrl or [None] * len(golds)
-        out, seconds = timed(lambda: [grading.grade_one(c, g, timeout, justrl_gold=j)
+        out, seconds = timed(lambda: [rules.grade_one(c, g, timeout, justrl_gold=j)
                                       for c, g, j in zip(comps, golds, jgolds)])
         cpu = sum(os.times()[:2]) - sum(cpu0[:2])
     else:
@@ -198,7 +198,7 @@ def timed(fn, *args, **kw):
 
 
 def main() -> None:
-    from stapo.grading import default_workers, grade
+    from stapo.tasks.grading import default_workers, grade
 
     here = Path(__file__).resolve()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -4,7 +4,7 @@
         [--json OUT.json] [--write-fixture tests/data/justrl_verdicts.jsonl] [--per-form 24]
 
 DIR is a checkout of thunlp/JustRL, or its git directory (files are read with ``git show HEAD:...``): its
-``evals/utils.py`` is imported as the peer (it needs sympy and pylatexenc, as stapo.justrl_grading does) and its
+``evals/utils.py`` is imported as the peer (it needs sympy and pylatexenc, as stapo.tasks.justrl_grading does) and its
 ``data/*/test.parquet`` give the golds. Nothing of JustRL is copied into the package; this script is run by hand
 (tests run offline and pin its verdicts instead: tests/test_justrl_grading.py).
 
@@ -13,7 +13,7 @@ DIR is a checkout of thunlp/JustRL, or its git directory (files are read with ``
 2. Agreement: a corpus built from the shipped benchmarks' answers (no worked solutions are shipped), each written
    the ways models write answers (``FORMS``: ``\\text{}``, units, degrees, percent, ``$``, thousands separators,
    intervals, several boxes, a truncated box, ...), inside a little reasoning text, each graded against JustRL's
-   gold by ``stapo.justrl_grading.grade_answer_verl`` and JustRL's ``grade_answer_verl``; counts per form. A pair
+   gold by ``stapo.tasks.justrl_grading.grade_answer_verl`` and JustRL's ``grade_answer_verl``; counts per form. A pair
    whose grading runs past ``--pair-timeout`` s in either is counted apart (JustRL's bare ``except:`` could
    swallow the alarm, so elapsed time decides). Target: 0 disagreements.
 ``--write-fixture`` writes a stratified sample (``--per-form`` pairs of each form, every disagreement and both
@@ -51,7 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stapo import justrl_grading  # noqa: E402
+from stapo.tasks import justrl_grading  # noqa: E402
 from stapo.tasks import load_rows  # noqa: E402
 
 BENCHMARKS = {"aime24": "AIME24", "aime25": "AIME25", "amc23": "AMC23", "math500": "MATH-500", "minerva": "Minerva",

@@ -7,7 +7,7 @@ short, a few near the cap), scaled to the tiny model: completion lengths ~ logno
     micro-batch 1       TRL's fixed micro-batch of 1 completion, padded (as TRL's buffer is) to the step's widths
     micro-batch 4       TRL's fixed micro-batch of 4 completions, same padding
     budget (padded)     train.micro_batch_tokens: verl's Karmarkar–Karp micro-batches, each padded to its own
-                        longest prompt and completion (stapo.batching)
+                        longest prompt and completion (stapo.train.layout)
     budget (packed)     the same micro-batches, padding-free (train.padding_free)
 and per row: median seconds per step, padded-token fraction (padding positions / all positions the forwards
 process) and the step gradient's relative L2 difference to one unpadded-per-row reference (micro-batch 1 with
@@ -45,8 +45,9 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import stapo.trainer as T  # noqa: E402
-from stapo import batching, study  # noqa: E402
+import stapo.train.trainer as T  # noqa: E402
+from stapo.train import layout, partition
+from stapo import study  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,20 +89,21 @@ def run_step(trainer, inputs: dict, mode: str, size: int) -> tuple[float, float,
         parts = [{k: (v[i:i + size] if v.dim() else v) for k, v in inputs.items()} for i in range(0, n, size)]
         for mb in parts:
             trainer._compute_loss(model, mb).backward()
-        fraction = batching.padded_fraction(parts)
+        fraction = layout.padded_fraction(parts)
     elif mode == "trimmed":  # the reference: one completion at a time, no padding at all
         s.micro_batch_tokens, s.padding_free = None, False
         trainer.current_gradient_accumulation_steps = n
-        parts = [batching.select_rows(inputs, [i]) for i in range(n)]
+        parts = [layout.select_rows(inputs, [i]) for i in range(n)]
         for mb in parts:
             trainer._compute_loss(model, mb).backward()
-        fraction = batching.padded_fraction(parts)
+        fraction = layout.padded_fraction(parts)
     else:
         s.micro_batch_tokens, s.padding_free = size, mode == "packed"
         trainer.current_gradient_accumulation_steps = 1
         trainer._compute_loss(model, inputs).backward()
-        rows = batching.token_budget_partitions(batching.sequence_lengths(inputs), size)
-        fraction = batching.padded_fraction([batching.select_rows(inputs, r) for r in rows], packed=mode == "packed")
+        rows = partition.token_budget_partitions(lengths := layout.sequence_lengths(inputs), size,
+                                                  partition.micro_batch_count(lengths, size))
+        fraction = layout.padded_fraction([layout.select_rows(inputs, r) for r in rows], packed=mode == "packed")
     trainer._close_window(model)
     seconds = time.perf_counter() - t0
     return seconds, fraction, {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
@@ -123,10 +125,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     inputs = step_batch(args.completions, args.cap)
-    lengths = batching.sequence_lengths(inputs)
+    lengths = layout.sequence_lengths(inputs)
     print(f"step: {args.completions} completions, {sum(lengths):,} tokens, longest {max(lengths)}, median "
           f"{int(statistics.median(lengths))}; budget {args.budget} -> "
-          f"{len(batching.token_budget_partitions(lengths, args.budget))} micro-batches")
+          f"{partition.micro_batch_count(lengths, args.budget)} micro-batches")
     with tempfile.TemporaryDirectory() as tmp:
         trainer = build(Path(tmp), args.completions, args.model)
         _, _, reference = run_step(trainer, inputs, "trimmed", 1)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from stapo.objectives import policy_loss
+from stapo.losses.policy import policy_loss
 from stapo.study import OBJECTIVES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the chunked kernel is a test helper

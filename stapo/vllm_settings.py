@@ -28,10 +28,10 @@ import logging
 import os
 import sys
 import sysconfig
-from stapo.fields import check_keys
+from stapo.core.fields import check_keys
 from pathlib import Path
 
-from stapo.errors import ArgumentParser
+from stapo.core.errors import ArgumentParser
 
 __all__ = ["DEVICE_DEFAULTS", "CPU_ENV", "VllmUnavailable", "device_kind", "trl_vllm_kwargs", "eval_engine_args",
            "prepare_env", "require_vllm", "vllm_version", "patch_trl_for_cpu", "repack_kept_cpu_weights",

@@ -1,10 +1,10 @@
-"""stapo.answers: box extraction (verl/MATH and JustRL semantics), the last plain number, normalisation."""
+"""stapo.tasks.answers: box extraction (verl/MATH and JustRL semantics), the last plain number, normalisation."""
 
 from __future__ import annotations
 
 import pytest
 
-from stapo.answers import MAX_BOX_CHARS, TOO_LONG, final_box, last_boxed, last_number, normalize_answer, \
+from stapo.tasks.answers import MAX_BOX_CHARS, TOO_LONG, final_box, last_boxed, last_number, normalize_answer, \
     normalize_notation, strict_box
 
 

@@ -1,4 +1,4 @@
-"""stapo.atomic: outputs get the permissions an ordinary open() would give (not mkstemp's private 0600)."""
+"""stapo.core.atomic: outputs get the permissions an ordinary open() would give (not mkstemp's private 0600)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from stapo.atomic import atomic_dir, atomic_write
+from stapo.core.atomic import atomic_dir, atomic_write
 
 
 @pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])

@@ -1,4 +1,5 @@
-"""Token-budget micro-batches (stapo.batching, stapo.trainer) against verl 0.4.0's dynamic batch size.
+"""Token-budget micro-batches (stapo.train.partition, stapo.train.layout, stapo.train.trainer) against verl 0.4.0's
+dynamic batch size.
 
 The reference below is a transcription, written from the source, of verl 0.4.0 as JustRL ships it
 (thunlp/JustRL @ cf444e9920b599c865ee6742c88dc162dcabcec2, train/verl/version/version = 0.4.0):
@@ -22,10 +23,12 @@ import pytest
 import torch
 
 
-import stapo.trainer as T
-from stapo import batching, study
-from stapo.objectives import policy_loss, step_thresholds
-from stapo.rewards import REWARDS
+import stapo.train.trainer as T
+from stapo.train import layout, partition
+from stapo import study
+from stapo.losses.masks import step_thresholds
+from stapo.losses.policy import policy_loss
+from stapo.tasks.rewards import REWARDS
 from tests.test_trainer import coin_reward, tiny_recipe
 
 
@@ -134,34 +137,31 @@ def long_tailed(n: int, seed: int, cap: int = 2000) -> list[int]:
 def test_partitions_are_verls(seed):
     lengths = long_tailed(64 + seed, seed)
     for k in (1, 2, 3, 7, 16, len(lengths)):
-        assert batching.balanced_partitions(lengths, k) == verl_get_seqlen_balanced_partitions(lengths, k)
+        assert partition.balanced_partitions(lengths, k) == verl_get_seqlen_balanced_partitions(lengths, k)
     ties = [5] * 9 + [3] * 4  # equal sums everywhere: verl's tie-breaking decides
-    assert batching.balanced_partitions(ties, 4) == verl_get_seqlen_balanced_partitions(ties, 4)
+    assert partition.balanced_partitions(ties, 4) == verl_get_seqlen_balanced_partitions(ties, 4)
 
 
 def test_micro_batch_count_is_the_largest_over_ranks():
-    """Each rank's count M = min(N, ⌈Σ len / budget⌉), then the largest over the ranks (``reduce_max``, the all-reduce
-    MAX; here a callback answering with the other ranks' counts). Three ranks of 16 long-tailed lengths, Σ 2144, 3022
-    and 3539 tokens, budget 800: local counts ⌈2.68⌉ = 3, ⌈3.78⌉ = 4, ⌈4.42⌉ = 5, so every rank splits into 5
-    micro-batches, and the partitions are verl's rearrange_micro_batches' (transcribed above)."""
+    """Each rank's count M = min(N, ⌈Σ len / budget⌉), then the largest over the ranks (the trainer's
+    _largest_over_processes, tested below, hands it to token_budget_partitions). Three ranks of 16 long-tailed
+    lengths, Σ 2144, 3022 and 3539 tokens, budget 800: local counts ⌈2.68⌉ = 3, ⌈3.78⌉ = 4, ⌈4.42⌉ = 5, so every
+    rank splits into 5 micro-batches, and the partitions are verl's rearrange_micro_batches' (transcribed above)."""
     ranks = [long_tailed(16, s) for s in range(3)]
     assert [sum(r) for r in ranks] == [2144, 3022, 3539] and max(max(r) for r in ranks) <= 800
-    counts, seen = [3, 4, 5], []
-
-    def all_reduce_max(rank):
-        return lambda local: seen.append(local) or max([local] + counts[:rank] + counts[rank + 1:])
-
-    got = [batching.token_budget_partitions(r, 800, reduce_max=all_reduce_max(i)) for i, r in enumerate(ranks)]
-    assert seen == counts and [len(p) for p in got] == [5, 5, 5]
+    counts = [partition.micro_batch_count(r, 800) for r in ranks]
+    assert counts == [3, 4, 5]  # each process's own count
+    got = [partition.token_budget_partitions(r, 800, max(counts)) for r in ranks]  # the trainer hands the largest
+    assert [len(p) for p in got] == [5, 5, 5]
     masks = [torch.tensor([[1] * n + [0] * (800 - n) for n in r]) for r in ranks]
     assert got == verl_rearrange_micro_batches(masks, 800)
-    assert [batching.micro_batch_count(r, 800) for r in ranks] == counts  # one process: its own count
     lengths = [10, 30, 700, 5]  # Σ 745 over a 700-token budget: ⌈1.06⌉ = 2 micro-batches, one above the budget
-    parts = batching.token_budget_partitions(lengths, 700)
+    assert partition.micro_batch_count(lengths, 700) == 2
+    parts = partition.token_budget_partitions(lengths, 700, 2)
     assert len(parts) == 2 and sorted(sum(lengths[i] for i in p) for p in parts) == [45, 700]
     assert parts == [[2], [0, 1, 3]]
     with pytest.raises(ValueError, match="below a sequence of 700"):
-        batching.token_budget_partitions(lengths, 699)
+        partition.token_budget_partitions(lengths, 699, 2)
 
 
 def test_select_rows_trims_to_its_own_padding():
@@ -170,12 +170,12 @@ def test_select_rows_trims_to_its_own_padding():
              "completion_ids": torch.arange(15).view(3, 5), "completion_mask": torch.tensor(
                  [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]),
              "advantages": torch.tensor([1.0, 2.0, 3.0]), "num_items_in_batch": torch.tensor(8)}
-    mb = batching.select_rows(batch, [0, 2])
+    mb = layout.select_rows(batch, [0, 2])
     assert mb["prompt_ids"].tolist() == [[2, 3], [10, 11]] and mb["prompt_mask"].tolist() == [[1, 1], [0, 1]]
     assert mb["completion_ids"].tolist() == [[0, 1], [10, 11]] and mb["advantages"].tolist() == [1.0, 3.0]
     assert int(mb["num_items_in_batch"]) == 8
-    assert batching.padded_fraction([mb]) == pytest.approx(1 - 6 / 8)
-    ids, pos, labels, spans = batching.pack(mb["prompt_ids"], mb["prompt_mask"], mb["completion_ids"],
+    assert layout.padded_fraction([mb]) == pytest.approx(1 - 6 / 8)
+    ids, pos, labels, spans = layout.pack(mb["prompt_ids"], mb["prompt_mask"], mb["completion_ids"],
                                             mb["completion_mask"])
     assert ids.tolist() == [[2, 3, 0, 1, 11, 10]] and pos.tolist() == [[0, 1, 2, 3, 0, 1]]
     assert labels.tolist() == [[-100, -100, 0, 1, -100, 10]] and spans == [(2, 2), (5, 1)]
@@ -186,11 +186,13 @@ def test_balanced_partitions_refuse_impossible_counts():
     possible with negative lengths) raises verl's assertion, as the transcription does."""
     for k in (0, 4):
         with pytest.raises(ValueError, match=rf"^cannot split 3 sequences into {k} micro-batches$"):
-            batching.balanced_partitions([5, 6, 7], k)
+            partition.balanced_partitions([5, 6, 7], k)
     with pytest.raises(ValueError, match=r"^cannot split 0 sequences into 0 micro-batches$"):
-        batching.token_budget_partitions([], 100)
+        partition.token_budget_partitions([], 100, 0)
+    with pytest.raises(ValueError, match=r"^an optimiser step with no completions on this process: there is nothing"):
+        partition.micro_batch_count([], 100)  # what the trainer asks first: the empty step is named
     with pytest.raises(AssertionError, match=r"^an empty micro-batch among 4 for lengths \[1, 0, -1, 2\]$"):
-        batching.balanced_partitions([1, 0, -1, 2], 4)
+        partition.balanced_partitions([1, 0, -1, 2], 4)
     with pytest.raises(AssertionError):
         verl_get_seqlen_balanced_partitions([1, 0, -1, 2], 4)
 
@@ -199,67 +201,43 @@ def test_token_budget_partitions_use_the_largest_count_over_ranks():
     """[10, 30, 700, 5] at budget 700 counts ⌈745 / 700⌉ = 2 here; another rank's 3 wins the all-reduce MAX, so
     three parts: Karmarkar–Karp by hand (pop the largest spreads: {700} with {30} → 700 | 30 | –, with {10} →
     700 | 30 | 10, with {5} → 700 | 30 | 10+5): [[2], [1], [0, 3]], as verl's."""
-    seen = []
-    parts = batching.token_budget_partitions([10, 30, 700, 5], 700,
-                                             reduce_max=lambda local: seen.append(local) or max(local, 3))
-    assert seen == [2] and parts == [[2], [1], [0, 3]] == verl_get_seqlen_balanced_partitions([10, 30, 700, 5], 3)
-    assert batching.micro_batch_count([100, 200], 50) == 2  # ⌈300 / 50⌉ = 6, but only 2 sequences
+    assert partition.micro_batch_count([10, 30, 700, 5], 700) == 2
+    parts = partition.token_budget_partitions([10, 30, 700, 5], 700, 3)
+    assert parts == [[2], [1], [0, 3]] == verl_get_seqlen_balanced_partitions([10, 30, 700, 5], 3)
+    assert partition.micro_batch_count([100, 200], 50) == 2  # ⌈300 / 50⌉ = 6, but only 2 sequences
 
 
-class _Ranks:
-    """torch.distributed as one rank of ``world`` sees it, the others' largest count being ``other`` (stapo.batching's
-    all-reduce of the micro-batch count); all_reduce applies the given op (default SUM, as torch's)."""
+class _Accelerator:
+    """What the trainer's _largest_over_processes reads of accelerate's Accelerator: ``world`` processes, the others'
+    counts ``others``; gather concatenates every process's tensor (and checks it is on the accelerator's device)."""
 
-    ReduceOp = torch.distributed.ReduceOp
+    device = torch.device("cpu")
 
-    def __init__(self, world: int, other: int, backend: str):
-        self.world, self.other, self.backend, self.reduced = world, other, backend, []
+    def __init__(self, others: list[int]):
+        self.num_processes, self.others, self.gathered = 1 + len(others), others, []
 
-    def is_available(self):
-        return True
-
-    def is_initialized(self):
-        return True
-
-    def get_world_size(self):
-        return self.world
-
-    def get_backend(self):
-        return self.backend
-
-    def all_reduce(self, tensor, op=torch.distributed.ReduceOp.SUM):
-        self.reduced.append(op)
-        other = torch.tensor(self.other)
-        tensor.copy_(torch.maximum(tensor, other) if op == self.ReduceOp.MAX else tensor + other)
+    def gather(self, tensor):
+        assert tensor.device == self.device and tensor.shape == (1,)
+        self.gathered.append(int(tensor))
+        return torch.cat([tensor, torch.tensor(self.others)])
 
 
-@pytest.mark.parametrize("backend, device", [("gloo", "cpu"), ("nccl", "cuda")])
-def test_micro_batch_count_all_reduces_its_maximum(monkeypatch, backend, device):
-    """Under torch.distributed (faked: another rank counts 5) the count is all-reduced with MAX, on the backend's
-    device (NCCL reduces CUDA tensors only), unless one process runs or a reduce_max is given. Here [100, 200, 300]
-    at budget 250: ⌈600 / 250⌉ = 3."""
-    import types
+@pytest.mark.parametrize("others, expected", [([], 3), ([5], 5), ([1, 2], 3), ([2, 7, 4], 7)])
+def test_the_trainer_uses_the_largest_count_over_processes(others, expected):
+    """The count every process uses is the largest over them (verl's same_micro_num_in_dp), through accelerate's
+    gather on the accelerator's own device (no backend guess); one process gathers nothing."""
+    from types import SimpleNamespace
 
-    made = []
-    monkeypatch.setattr(batching, "torch", types.SimpleNamespace(
-        tensor=lambda data, device=None: made.append(torch.device(device or "cpu").type) or torch.tensor(data)))
-    lengths = [100, 200, 300]
-    for world, expected in ((2, 5), (3, 5), (1, 3)):
-        fake = _Ranks(world, 5, backend)
-        monkeypatch.setattr(batching, "dist", fake)
-        assert batching.micro_batch_count(lengths, 250) == expected, world
-        assert fake.reduced == ([torch.distributed.ReduceOp.MAX] if world > 1 else [])
-    assert made == [device, device]
-    fake = _Ranks(2, 5, backend)
-    monkeypatch.setattr(batching, "dist", fake)
-    assert batching.micro_batch_count(lengths, 250, reduce_max=lambda local: local + 1) == 4 and fake.reduced == []
+    accelerator = _Accelerator(others)
+    got = T.StapoGRPOTrainer._largest_over_processes(SimpleNamespace(accelerator=accelerator), 3)
+    assert got == expected and accelerator.gathered == ([3] if others else [])
 
 
 def test_sequence_lengths_are_prompt_plus_completion_tokens():
     """verl's attention_mask.sum(-1): 1 + 4 and 2 + 1 tokens."""
     batch = {"prompt_mask": torch.tensor([[0, 0, 1], [0, 1, 1]]),
              "completion_mask": torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])}
-    assert batching.sequence_lengths(batch) == [5, 3]
+    assert layout.sequence_lengths(batch) == [5, 3]
 
 
 def _ragged_batch() -> dict:
@@ -278,16 +256,16 @@ def test_select_rows_without_prompt_or_completion_tokens():
     completion columns); the widths are the longest prompt / completion of the selection, whatever the row count.
     Every entry is kept, tensors or not."""
     batch = _ragged_batch()
-    no_prompt = batching.select_rows(batch, [0])
+    no_prompt = layout.select_rows(batch, [0])
     assert no_prompt["prompt_ids"].shape == (1, 0) and no_prompt["prompt_mask"].shape == (1, 0)
     assert no_prompt["completion_ids"].tolist() == [[14, 15]] and no_prompt["advantages"].tolist() == [0.5]
-    no_completion = batching.select_rows(batch, [1])
+    no_completion = layout.select_rows(batch, [1])
     assert no_completion["prompt_ids"].tolist() == [[22, 23]] and no_completion["completion_ids"].shape == (1, 0)
-    both = batching.select_rows(batch, [0, 1])
+    both = layout.select_rows(batch, [0, 1])
     assert both["prompt_ids"].tolist() == [[12, 13], [22, 23]] and both["prompt_mask"].tolist() == [[0, 0], [1, 1]]
     assert both["completion_ids"].tolist() == [[14, 15], [0, 0]]
     assert both["completion_mask"].tolist() == [[1, 1], [0, 0]]
-    reordered = batching.select_rows(batch, [2, 0])
+    reordered = layout.select_rows(batch, [2, 0])
     assert reordered["prompt_ids"].tolist() == [[31, 32, 33], [11, 12, 13]]
     assert reordered["completion_ids"].tolist() == [[34, 0], [14, 15]]
     assert reordered["advantages"].tolist() == [2.0, 0.5]
@@ -300,14 +278,14 @@ def test_pack_and_unpack_rows_without_prompt_or_completion_tokens():
     (an empty completion span at 4), row 2 prompt 4-6 and completion 7; positions restart per row. unpack puts a
     packed row's values back at each row's completion positions, zeros elsewhere."""
     b = _ragged_batch()
-    ids, pos, labels, spans = batching.pack(b["prompt_ids"], b["prompt_mask"], b["completion_ids"],
+    ids, pos, labels, spans = layout.pack(b["prompt_ids"], b["prompt_mask"], b["completion_ids"],
                                             b["completion_mask"])
     assert ids.tolist() == [[14, 15, 22, 23, 31, 32, 33, 34]] and pos.tolist() == [[0, 1, 0, 1, 0, 1, 2, 3]]
     assert labels.tolist() == [[14, 15, -100, -100, -100, -100, -100, 34]] and spans == [(0, 2), (4, 0), (7, 1)]
     values = torch.arange(1.0, 9.0, dtype=torch.float64)[None]
-    out = batching.unpack(values, spans, 3)
+    out = layout.unpack(values, spans, 3)
     assert out.dtype == torch.float64 and out.tolist() == [[1.0, 2.0, 0.0], [0.0, 0.0, 0.0], [8.0, 0.0, 0.0]]
-    assert batching.unpack(labels, spans, 4).tolist() == [[14, 15, 0, 0], [0, 0, 0, 0], [34, 0, 0, 0]]
+    assert layout.unpack(labels, spans, 4).tolist() == [[14, 15, 0, 0], [0, 0, 0, 0], [34, 0, 0, 0]]
 
 
 def test_padded_fraction_counts_every_position_of_every_micro_batch():
@@ -316,9 +294,9 @@ def test_padded_fraction_counts_every_position_of_every_micro_batch():
     mb1 = {"prompt_mask": torch.tensor([[0, 1], [1, 1], [0, 0]]),
            "completion_mask": torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])}
     mb2 = {"prompt_mask": torch.tensor([[1]]), "completion_mask": torch.tensor([[1, 0]])}
-    assert batching.padded_fraction([mb1, mb2]) == pytest.approx(7 / 18)
-    assert batching.padded_fraction([mb1, mb2], packed=True) == 0.0
-    assert batching.padded_fraction([{"prompt_mask": torch.tensor([[1]]),
+    assert layout.padded_fraction([mb1, mb2]) == pytest.approx(7 / 18)
+    assert layout.padded_fraction([mb1, mb2], packed=True) == 0.0
+    assert layout.padded_fraction([{"prompt_mask": torch.tensor([[1]]),
                                       "completion_mask": torch.zeros(1, 0, dtype=torch.long)}]) == 0.0
 
 
@@ -366,10 +344,8 @@ def _harness_step(trainer, ranks: list[dict], budget: int, counts: list[int], mo
     trainer.settings.micro_batch_tokens = budget
     model = trainer.model
     total, seen = None, []
-    count = batching.micro_batch_count
-    with monkeypatch.context() as mp:  # the all-reduce MAX of the count, and the rank's step size
-        mp.setattr(batching, "micro_batch_count", lambda lengths, budget, reduce_max=None: count(
-            lengths, budget, reduce_max=lambda local: seen.append(local) or max(counts)))
+    with monkeypatch.context() as mp:  # the cross-process maximum of the count, and the rank's step size
+        mp.setattr(T.StapoGRPOTrainer, "_largest_over_processes", lambda self, local: seen.append(local) or max(counts))
         mp.setattr(T.StapoGRPOTrainer, "_step_completions", property(lambda self: len(ranks[0]["advantages"])))
         for inputs in ranks:
             model.zero_grad()
@@ -384,7 +360,7 @@ def _harness_step(trainer, ranks: list[dict], budget: int, counts: list[int], mo
 def _verl_step(trainer, cfg, ranks: list[dict], budget: int, uniform: bool = False) -> dict:
     """verl 0.4.0's update_policy (dynamic bsz) on the same ranks: rearrange_micro_batches over the attention
     masks, each micro-batch's token-mean × len(data) / ppo_mini_batch_size, backward; ranks averaged."""
-    masks = [torch.cat([r["prompt_mask"], r["completion_mask"]], 1) for r in ranks]
+    masks = [layout.sequence_inputs(r)[1] for r in ranks]
     parts = verl_rearrange_micro_batches(masks, budget)
     model, total = trainer.model, None
     for inputs, rank_parts in zip(ranks, parts):
@@ -392,9 +368,8 @@ def _verl_step(trainer, cfg, ranks: list[dict], budget: int, uniform: bool = Fal
         ppo_mini_batch_size = len(inputs["advantages"])
         for idx in rank_parts:
             # verl's forward (use_remove_padding) sees no padding: the rows with only their own, as the harness's
-            data = batching.select_rows(inputs, idx)
-            ids = torch.cat([data["prompt_ids"], data["completion_ids"]], 1)
-            mask = torch.cat([data["prompt_mask"], data["completion_mask"]], 1)
+            data = layout.select_rows(inputs, idx)
+            ids, mask = layout.sequence_inputs(data)
             logps, ent, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, data["completion_ids"].size(1),
                                                                        compute_entropy=True)
             response_mask = data["completion_mask"]
@@ -454,8 +429,7 @@ def test_token_budget_keeps_the_step_gradient(tmp_path, method):
         trainer.settings.micro_batch_tokens, trainer.settings.padding_free = budget, packed
         if plan.objective.uses_thresholds:
             with torch.no_grad():
-                ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-                mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+                ids, mask = layout.sequence_inputs(inputs)
                 width = inputs["completion_ids"].size(1)
                 lp, ent, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, width, compute_entropy=True)
             trainer._thresholds = step_thresholds(plan.objective, logps=lp, entropies=ent,
@@ -480,7 +454,7 @@ def test_token_budget_keeps_the_step_gradient(tmp_path, method):
 
 def test_unshuffled_is_the_identity_only_inside():
     import trl.trainer.grpo_trainer as grpo
-    from stapo import trl_compat
+    from stapo.train import trl_compat
 
     shuffle = grpo.shuffle_sequence_dict
     batch = {"x": torch.arange(8)}
@@ -497,14 +471,14 @@ def test_training_with_a_token_budget_and_whole_groups(tmp_path, monkeypatch, mi
     monkeypatch.setitem(REWARDS, "coin", coin_reward)
     seen, parts = [], []
     compute = T.StapoGRPOTrainer._compute_loss
-    partition = batching.token_budget_partitions
+    split = partition.token_budget_partitions
 
     def spy_loss(self, model, inputs):
         seen.append(inputs["prompt_ids"].clone())
         return compute(self, model, inputs)
 
     monkeypatch.setattr(T.StapoGRPOTrainer, "_compute_loss", spy_loss)
-    monkeypatch.setattr(batching, "token_budget_partitions", lambda *a, **k: parts.append(partition(*a, **k))
+    monkeypatch.setattr(partition, "token_budget_partitions", lambda *a, **k: parts.append(split(*a, **k))
                         or parts[-1])
     recipe = tiny_recipe(max_steps=1, prompts_per_generation=4, prompts_per_step=2, micro_batch_tokens=300,
                          padding_free=True, mini_batch=mini_batch)

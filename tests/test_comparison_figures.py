@@ -1,4 +1,4 @@
-"""stapo.comparison_figures on synthetic runs and scores of the ablation study (configs/paper.yaml overlaid with
+"""stapo.report.comparison on synthetic runs and scores of the ablation study (configs/paper.yaml overlaid with
 configs/ablations.yaml, as the workflow merges them): what each comparison figure plots, which methods it takes
 (from their objectives and parameters, never their keys), and the report's skipped figures and figure index."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stapo import report
+from stapo.report import table as report
 from stapo import study as stapo_study
-from stapo.atomic import atomic_write_json
-from stapo.comparison_figures import COMPARISON_KINDS, ENTROPY_STABILITY, comparison_series, entropy_instability
+from stapo.core.atomic import atomic_write_json
+from stapo.report.comparison import COMPARISON_KINDS, ENTROPY_STABILITY, comparison_series, entropy_instability
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("qwen3-1.7b-base", "qwen3-8b-base")
@@ -75,7 +75,8 @@ def write_runs(tmp: Path, study: stapo_study.Study, models=MODELS) -> tuple[Path
             s2t = study.methods[method].token_mask == "s2t"
             rows = [{"step": s, "entropy_mean": 0.5 + slope(i) * s,
                      "silenced_fraction": 1e-5 * s * (mi + 1) if s2t else 0.0,
-                     "gen_seconds": 3.0 + i, "forward_seconds": 0.5, "update_seconds": 1.0 + mi,  # stapo.step_cost
+                     # the cost fields of stapo.train.step_cost
+                     "gen_seconds": 3.0 + i, "forward_seconds": 0.5, "update_seconds": 1.0 + mi,
                      "step_seconds": 4.5 + i + mi} for s in STEPS]
             (runs / model / method).mkdir(parents=True, exist_ok=True)
             (runs / model / method / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -1,4 +1,4 @@
-"""stapo.cost_report: the cost table and the time-breakdown figure from synthetic metrics.jsonl cost fields."""
+"""stapo.report.cost: the cost table and the time-breakdown figure from synthetic metrics.jsonl cost fields."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from stapo import cost_report, report
+from stapo.report import cost as cost_report, table as report
 from stapo import study as stapo_study
 
 
 def _rows(seed: int, steps: int = 6, k: int = 2, gpu: bool = True) -> list[dict]:
-    """k optimiser steps per rollout step; the rollout's seconds on the first of them, as stapo.step_cost logs."""
+    """k optimiser steps per rollout step; the rollout's seconds on the first of them, as stapo.train.step_cost logs."""
     rng, rows = random.Random(seed), []
     for step in range(1, steps + 1):
         first = step % k == 1

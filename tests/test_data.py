@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from stapo.data import DAPO_PREFIX, DAPO_SUFFIX, PROMPT_SUFFIX, DatasetError, build_prompt, dapo_math_rows, \
-    load_problems, prompt_text, read_rows, strip_dapo_wrapper, synthetic_arith_rows, training_dataset, validate_source
+from stapo.tasks.problems import (DAPO_PREFIX, DAPO_SUFFIX, PROMPT_SUFFIX, DatasetError, EvalProtocol, TrainPrompt,
+                                  build_prompt, dapo_math_rows, load_problems, read_rows, strip_dapo_wrapper,
+                                  synthetic_arith_rows, training_dataset, validate_source)
 
 
 def _evaluate(problem: str) -> int:
@@ -104,7 +105,7 @@ def test_dapo_wrapper_is_stripped_exactly_and_prompts_deduplicated():
 
 
 def test_build_prompt_plain_text_without_template():
-    assert build_prompt("  What is 1+1? ") == "What is 1+1?\n\n" + PROMPT_SUFFIX
+    assert build_prompt("  What is 1+1? ", None, EvalProtocol.HARNESS) == "What is 1+1?\n\n" + PROMPT_SUFFIX
 
 
 def test_load_synthetic_source():
@@ -155,9 +156,9 @@ def test_justrl_eval_prompt_matches_justrls_byte_for_byte(benchmark, qwen3_token
     from stapo.tasks.registry import custom_dataset
 
     row = load_rows(benchmark)[0]
-    assert build_prompt(row["problem"], qwen3_tokenizer, "justrl") == JUSTRL_EVAL_PROMPTS[benchmark]
+    assert build_prompt(row["problem"], qwen3_tokenizer, EvalProtocol.JUSTRL) == JUSTRL_EVAL_PROMPTS[benchmark]
     # the harness protocol differs only in the join: a blank line instead of one space
-    harness = build_prompt(row["problem"], qwen3_tokenizer, "harness")
+    harness = build_prompt(row["problem"], qwen3_tokenizer, EvalProtocol.HARNESS)
     assert harness == JUSTRL_EVAL_PROMPTS[benchmark].replace(" Please reason", "\n\nPlease reason", 1)
     # what lm-eval's task renders (stapo eval passes eval.protocol in the task metadata); justrl by default
     tok = qwen3_tokenizer.name_or_path
@@ -166,12 +167,18 @@ def test_justrl_eval_prompt_matches_justrls_byte_for_byte(benchmark, qwen3_token
         assert rendered == expected
 
 
-def test_prompt_text_per_style_and_unknown_style():
-    assert prompt_text(" 1+1? \n", "justrl") == "1+1? " + PROMPT_SUFFIX
-    assert prompt_text(" 1+1? \n", "harness") == prompt_text(" 1+1? \n", "stripped") == "1+1?\n\n" + PROMPT_SUFFIX
-    assert prompt_text(" 1+1? \n", "justrl_raw") == " 1+1? \n\n\n" + PROMPT_SUFFIX  # as given, not stripped
-    with pytest.raises(ValueError, match="prompt style: 'verl'"):
-        prompt_text("x", "verl")
+def test_prompt_per_style_and_unknown_style():
+    """Each eval.protocol / train.prompt value's user turn, by hand; every value is covered (a new one needs its line
+    here); an unknown value is refused naming the option."""
+    expected = {EvalProtocol.JUSTRL: "1+1? " + PROMPT_SUFFIX, EvalProtocol.HARNESS: "1+1?\n\n" + PROMPT_SUFFIX,
+                TrainPrompt.STRIPPED: "1+1?\n\n" + PROMPT_SUFFIX,
+                TrainPrompt.JUSTRL_RAW: " 1+1? \n\n\n" + PROMPT_SUFFIX}  # as given, not stripped
+    assert set(expected) == set(EvalProtocol) | set(TrainPrompt)
+    for style, text in expected.items():
+        assert style.prompt(" 1+1? \n") == text
+    assert [p.raw_rows for p in TrainPrompt] == [False, True]
+    with pytest.raises(ValueError, match="'verl' is not a valid EvalProtocol"):
+        EvalProtocol("verl")
 
 
 # A DAPO-Math-17k row as BytedTsinghua-SIA/DAPO-Math-17k ships it (the instruction wrapper around the problem).
@@ -190,9 +197,9 @@ JUSTRL_RAW_TRAIN_TEXT = (
 def test_train_prompt_stripped_and_justrl_raw(qwen3_tokenizer):
     stripped = dapo_math_rows([DAPO_RECORD])[0]["problem"]
     raw = dapo_math_rows([DAPO_RECORD], raw=True)[0]["problem"]
-    assert build_prompt(stripped, None, "stripped") == "Find $x$ if $x+1=3$.\n\n" + PROMPT_SUFFIX
-    assert build_prompt(raw, None, "justrl_raw") == JUSTRL_RAW_TRAIN_TEXT
-    assert build_prompt(raw, qwen3_tokenizer, "justrl_raw") == (
+    assert build_prompt(stripped, None, TrainPrompt.STRIPPED) == "Find $x$ if $x+1=3$.\n\n" + PROMPT_SUFFIX
+    assert build_prompt(raw, None, TrainPrompt.JUSTRL_RAW) == JUSTRL_RAW_TRAIN_TEXT
+    assert build_prompt(raw, qwen3_tokenizer, TrainPrompt.JUSTRL_RAW) == (
         "<|im_start|>user\n" + JUSTRL_RAW_TRAIN_TEXT + "<|im_end|>\n<|im_start|>assistant\n")
 
 
@@ -202,7 +209,7 @@ def test_training_dataset_prompt_option(tmp_path, qwen3_tokenizer):
     for prompt, text in (("stripped", "What is $1+1$?\n\n"), ("justrl_raw", " What is $1+1$? \n\n")):
         ds = training_dataset({"path": str(path)}, qwen3_tokenizer, 1024, prompt=prompt)
         assert ds[0]["prompt"] == f"<|im_start|>user\n{text}{PROMPT_SUFFIX}<|im_end|>\n<|im_start|>assistant\n"
-    with pytest.raises(ValueError, match="train.prompt: 'raw'"):
+    with pytest.raises(ValueError, match="'raw' is not a valid TrainPrompt"):
         training_dataset({"path": str(path)}, qwen3_tokenizer, 1024, prompt="raw")
 
 
@@ -224,12 +231,12 @@ def test_worked_example_is_one_exchange_before_the_problem(qwen3_tokenizer):
     then the problem, in the same style; lm-eval's task renders the same string."""
     from stapo.tasks.registry import custom_dataset
 
-    prompt = build_prompt("What is 2 + 2?", qwen3_tokenizer, "justrl", EXAMPLE)
+    prompt = build_prompt("What is 2 + 2?", qwen3_tokenizer, EvalProtocol.JUSTRL, EXAMPLE)
     assert prompt == ("<|im_start|>user\nWhat is 7 + 5? " + PROMPT_SUFFIX + "<|im_end|>\n"
                       "<|im_start|>assistant\n7 + 5 = 12.\n\n\\boxed{12}<|im_end|>\n"
                       "<|im_start|>user\nWhat is 2 + 2? " + PROMPT_SUFFIX + "<|im_end|>\n"
                       "<|im_start|>assistant\n")
-    assert build_prompt("What is 2 + 2?", None, "harness", EXAMPLE) == (
+    assert build_prompt("What is 2 + 2?", None, EvalProtocol.HARNESS, EXAMPLE) == (
         f"What is 7 + 5?\n\n{PROMPT_SUFFIX}\n\n7 + 5 = 12.\n\n\\boxed{{12}}\n\nWhat is 2 + 2?\n\n{PROMPT_SUFFIX}")
     rows = custom_dataset("arith", tokenizer=qwen3_tokenizer.name_or_path, arith={"n": 2},
                           worked_example=EXAMPLE)["test"]

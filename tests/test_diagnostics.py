@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers.tokenstats import token_stats
-from stapo.diagnostics import (
+from stapo.train.diagnostics import (
     QUADRANTS,
     entropy_quantiles,
     grad_norm_sq,
@@ -15,7 +15,7 @@ from stapo.diagnostics import (
     quadrant_stats,
     silenced_examples,
 )
-from stapo.objectives import silence_mask
+from stapo.losses.masks import silence_mask
 
 
 def _autograd_norm_sq(logits, labels, old_logps, adv, eps_low=0.2, eps_high=0.28):
@@ -149,7 +149,7 @@ def test_recorder_matches_full_logits_and_writes_only_on_the_writer(tmp_path):
     the same hidden states) == the statistics computed from the model's full logits."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from stapo.diagnostics import TokenDiagnostics
+    from stapo.train.diagnostics import TokenDiagnostics
     from stapo.study import ObjectiveConfig
 
     torch.manual_seed(0)
@@ -202,7 +202,7 @@ def test_recorder_matches_full_logits_and_writes_only_on_the_writer(tmp_path):
 def test_recorder_refuses_models_that_rescale_logits(tmp_path):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from stapo.diagnostics import TokenDiagnostics
+    from stapo.train.diagnostics import TokenDiagnostics
     from stapo.study import ObjectiveConfig
 
     cfg = Qwen3Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,

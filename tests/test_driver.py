@@ -1,4 +1,4 @@
-"""stapo.driver: a workflow job stops when the Snakemake process that started it is gone (here a stand-in parent
+"""stapo.core.driver: a workflow job stops when the Snakemake process that started it is gone (here a stand-in parent
 process; tests/test_workflow.py kills a real Snakemake driver during a training job)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import subprocess
 import sys
 import time
 
-from stapo import driver
+from stapo.core import driver
 
 CHILD = """
 import sys, time
-from stapo import driver
+from stapo.core import driver
 assert driver.watch() is not None
 import subprocess
 grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -22,7 +22,7 @@ time.sleep(600)
 """
 PARENT = """
 import os, subprocess, sys
-from stapo import driver
+from stapo.core import driver
 env = {**os.environ, driver.ENV: driver.identity()}
 child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env=env, stdout=subprocess.PIPE, text=True)
 print(child.pid, child.stdout.readline().strip(), flush=True)

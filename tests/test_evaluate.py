@@ -1,4 +1,5 @@
-"""stapo.evaluate and stapo.tasks: statistics, config resolution, the lm-eval task group, end-to-end `stapo eval`."""
+"""stapo.eval.evaluate and stapo.tasks: statistics, config resolution, the lm-eval task group, end-to-end `stapo
+eval`."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import numpy as np
 import pytest
 import yaml
 
-from stapo import evaluate, generation
-from stapo.evaluate import resolve_config
-from stapo.scoring import avg_at_n, bootstrap_ci, maj_at_n, pass_at_k, summarize
+from stapo.eval import evaluate, generation
+from stapo.eval.evaluate import resolve_config
+from stapo.eval.scoring import avg_at_n, bootstrap_ci, maj_at_n, pass_at_k, summarize
 from stapo.study import StudyError
 from stapo.study.evaluation import EvalSection
 
+from stapo.tasks.problems import EvalProtocol
 from stapo.tasks.registry import BUNDLED_DATA_DIR as DATA_DIR  # shipped with the project: nothing skips
 
 LOCAL = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
@@ -98,7 +100,7 @@ def test_summary_keeps_both_rule_stages():
 
 
 def test_protocol_comes_from_the_recipe_and_keys_the_generation_cache(tmp_path):
-    from stapo.generation import generation_identity
+    from stapo.eval.generation import generation_identity
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("eval: {backend: hf, protocol: harness}\n")
@@ -242,7 +244,7 @@ def test_local_rows_and_count_warning(tmp_path, caplog):
 
 
 def test_arith_rows_come_from_stapo_data():
-    from stapo.data import synthetic_arith_rows
+    from stapo.tasks.problems import synthetic_arith_rows
     from stapo.tasks import load_rows
 
     rows = load_rows("arith", n=5, seed=3, difficulty=2)
@@ -253,7 +255,7 @@ def test_task_group_loads_with_include_path_and_uses_the_training_prompt():
     from lm_eval.tasks import TaskManager
     from transformers import AutoTokenizer
 
-    from stapo.data import build_prompt
+    from stapo.tasks.problems import build_prompt
     from stapo.models import resolve_model
     from stapo.tasks import TASKS_DIR
 
@@ -265,7 +267,8 @@ def test_task_group_loads_with_include_path_and_uses_the_training_prompt():
     assert task.config.repeats == 32 and task.config.generation_kwargs["do_sample"] is True
     doc = task.test_docs()[0]
     # the paper's eval.protocol (justrl) by default: JustRL's prompt (tests/test_data.py checks it byte for byte)
-    assert task.doc_to_text(doc) == build_prompt(doc["problem"], AutoTokenizer.from_pretrained(tok_path), "justrl")
+    tok = AutoTokenizer.from_pretrained(tok_path)
+    assert task.doc_to_text(doc) == build_prompt(doc["problem"], tok, EvalProtocol.JUSTRL)
     assert len(task.test_docs()) == 30
 
 
@@ -379,7 +382,7 @@ def test_rerun_does_not_regenerate(tmp_path, monkeypatch):
     """Kill mid-way (after the first cached chunk), rerun: only the rest is generated; a third run generates 0."""
     from transformers import AutoTokenizer
 
-    from stapo.data import build_prompt
+    from stapo.tasks.problems import build_prompt
     from stapo.models import resolve_model
     from stapo.tasks import load_rows
 
@@ -395,7 +398,7 @@ def test_rerun_does_not_regenerate(tmp_path, monkeypatch):
     assert first.requests == 8
     tok = AutoTokenizer.from_pretrained(resolve_model(TINY))
     problems = {r["problem"] for r in load_rows("math500")[:4]}
-    assert {p for p in first.prompts} <= {build_prompt(p, tok, "justrl") for p in problems}  # eval.protocol
+    assert {p for p in first.prompts} <= {build_prompt(p, tok, EvalProtocol.JUSTRL) for p in problems}  # eval.protocol
     before = _records(out)
 
     out.unlink()
@@ -510,7 +513,7 @@ def test_verifier_local_dir_without_weights_and_cached_hub_id(tmp_path, no_model
 
 
 def test_model_fingerprint_follows_the_weights_not_the_path(tmp_path):
-    from stapo.generation import model_fingerprint
+    from stapo.eval.generation import model_fingerprint
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -812,7 +815,7 @@ def _saved_final(run: Path) -> Path:
     """A run directory with a final/ as stapo train writes it (tiny weights, config, its SHA-256 manifest)."""
     from safetensors.numpy import save_file
 
-    from stapo.manifest import FINAL_COMPLETE, write_manifest
+    from stapo.core.manifest import FINAL_COMPLETE, write_manifest
 
     final = run / "final"
     final.mkdir(parents=True)
@@ -824,7 +827,7 @@ def _saved_final(run: Path) -> Path:
 
 
 def test_an_intact_checkpoint_is_verified_and_its_digests_key_the_cache(tmp_path):
-    from stapo.manifest import FINAL_COMPLETE, read_manifest
+    from stapo.core.manifest import FINAL_COMPLETE, read_manifest
 
     final = _saved_final(tmp_path / "run")
     known = evaluate.check_model(str(final))
@@ -858,7 +861,7 @@ def test_two_evaluations_into_one_output_one_refuses_and_kill_9_leaves_no_stale_
     import sys
     import time
 
-    from stapo.lock import holder
+    from stapo.core.lock import holder
 
     out = tmp_path / "arith" / "t1.0_p1.0.jsonl"
     argv = [str(Path(sys.executable).parent / "stapo"), "eval", "--model", TINY, "--benchmark", "arith",

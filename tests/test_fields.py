@@ -1,4 +1,5 @@
-"""stapo.fields: one declaration of a config field gives its documentation, its schema and the reader's key check."""
+"""stapo.core.fields: one declaration of a config field gives its documentation, its schema and the reader's key
+check."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 import jsonschema
 import pytest
 
-from stapo.fields import check_keys, doc, from_mapping, option, schema_of
+from stapo.core.fields import Choice, check_fields, check_keys, doc, from_mapping, option, plain, schema_of
 
 
 class Mode(str, enum.Enum):
@@ -64,3 +65,74 @@ def test_from_mapping_names_the_unknown_key():
 def test_every_option_is_documented():
     with pytest.raises(ValueError, match="documented"):
         option(1)
+
+
+# ------------------------------------------------------------------------ Choice options and generic field checks
+
+
+class Speed(Choice):
+    SLOW = "slow"
+    FAST = "fast"
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A section checked by check_fields: a choice, an optional choice and bounded numbers."""
+
+    speed: Speed = option(Speed.SLOW, "a choice")
+    maybe: Speed | None = option(None, "an optional choice")
+    p: float = option(0.5, "in (0, 1)", exclusiveMinimum=0, exclusiveMaximum=1)
+    c: float = option(3.0, "> 1", exclusiveMinimum=1)
+    n: int = option(0, ">= 0", minimum=0)
+    r: float = option(1.0, "in (0, 1]", exclusiveMinimum=0, maximum=1)
+
+    def __post_init__(self):
+        check_fields(self, "sec.")
+
+
+def test_check_fields_coerces_choices_and_bounds_numbers():
+    c = Checked(speed="fast", maybe="slow")
+    assert c.speed is Speed.FAST and c.maybe is Speed.SLOW and Checked().maybe is None
+    assert f"{c.speed}" == "fast" and str(c.speed) == "fast" and c.speed == "fast"  # a string everywhere
+    assert plain({"s": [c.speed, (Speed.SLOW,)], "n": 1}) == {"s": ["fast", ["slow"]], "n": 1}
+    for kwargs, message in [
+            (dict(speed="medium"), "sec.speed: unknown value 'medium'; expected one of ['slow', 'fast']"),
+            (dict(maybe="x"), "sec.maybe: unknown value 'x'; expected one of ['slow', 'fast']"),
+            (dict(p=1.0), "sec.p: must be in (0, 1), got 1.0"), (dict(p=0), "sec.p: must be in (0, 1), got 0"),
+            (dict(c=1.0), "sec.c: must be > 1, got 1.0"), (dict(n=-1), "sec.n: must be >= 0, got -1"),
+            (dict(r=1.5), "sec.r: must be in (0, 1], got 1.5"), (dict(r=0.0), "sec.r: must be in (0, 1], got 0.0")]:
+        with pytest.raises(ValueError) as err:
+            Checked(**kwargs)
+        assert str(err.value) == message
+    assert Checked(p=0.999, c=1.001, n=0, r=1.0).r == 1.0  # the bounds themselves: inclusive or not as declared
+    schema = schema_of(Checked)["properties"]
+    assert schema["speed"]["enum"] == ["slow", "fast"] and schema["speed"]["default"] == "slow"
+    assert (schema["p"]["exclusiveMinimum"], schema["r"]["maximum"]) == (0, 1)  # the same bounds in the schema
+
+
+def test_options_with_behaviour_are_choices_compared_nowhere_by_their_strings():
+    """aggregation, quantile scope, eval.protocol, train.prompt, eval backend, train.mini_batch: each a Choice field
+    of its section (its values the schema's enum), and no module compares the option's value with a string literal
+    (==, !=, in, case): the behaviour is its members'."""
+    import re
+    from pathlib import Path
+
+    from stapo.losses.config import AggMode, ObjectiveConfig, QuantileScope
+    from stapo.study.evaluation import Backend, EvalSection
+    from stapo.study.train import MiniBatch, TrainSettings
+    from stapo.tasks.problems import EvalProtocol, TrainPrompt
+
+    options = {(ObjectiveConfig, "loss_agg_mode"): AggMode, (ObjectiveConfig, "quantile_scope"): QuantileScope,
+               (EvalSection, "protocol"): EvalProtocol, (EvalSection, "backend"): Backend,
+               (TrainSettings, "prompt"): TrainPrompt, (TrainSettings, "mini_batch"): MiniBatch}
+    for (section, name), choice in options.items():
+        assert issubclass(choice, Choice)
+        assert schema_of(section)["properties"][name]["enum"] == [m.value for m in choice]
+    values = "|".join(re.escape(m.value) for choice in options.values() for m in choice)
+    literal = rf"[\"']({values})[\"']"
+    pattern = re.compile(rf"(==|!=|\bin\b|\bnot in\b|\bcase\b)\s*\(?\s*{literal}|{literal}\s*(==|!=|\bin\b)")
+    root = Path(__file__).resolve().parents[1] / "stapo"
+    hits = [f"{p.relative_to(root)}:{i}: {line.strip()}" for p in sorted(root.rglob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert hits == []
+    assert pattern.search('if cfg.backend == "hf":') and pattern.search('x = "groups" in modes')  # it can find them

@@ -1,4 +1,4 @@
-"""stapo.figure_kinds: the one figure registry (each kind declared once: series, drawing, caption, group, scope)
+"""stapo.report.kinds: the one figure registry (each kind declared once: series, drawing, caption, group, scope)
 and its one save loop."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from stapo import study as stapo_study
-from stapo.comparison_figures import COMPARISON_KINDS, STUDY_KINDS
-from stapo.figure_kinds import (FIGURES, GROUPS, FigureInputs, FigureKind, figure_groups, figure_kinds,
+from stapo.report.comparison import COMPARISON_KINDS, STUDY_KINDS
+from stapo.report.kinds import (FIGURES, GROUPS, FigureInputs, FigureKind, figure_groups, figure_kinds,
                                 register_figure, write_figures)
-from stapo.figures import FIGURE_KINDS, Panel, Series, draw_figure
+from stapo.report.figures import FIGURE_KINDS, Panel, Series, draw_figure
 
 ORDER = ["entropy", "reward", "accuracy", "silenced", "quadrants", "entropy_quantiles", "pareto", "sweep_tau_p",
          "sweep_q", "masking_accuracy", "masking_entropy", "fullmask", "spurious_ratio", "time_breakdown"]
@@ -31,7 +31,7 @@ def test_every_kind_is_declared_once_in_the_index_order():
 
 
 def test_the_registry_is_complete_whichever_module_is_imported_first():
-    code = ("from stapo import cost_report; from stapo.figure_kinds import figure_kinds; "
+    code = ("from stapo.report import cost; from stapo.report.kinds import figure_kinds; "
             "print(' '.join(k.key for k in figure_kinds()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ORDER

@@ -1,4 +1,5 @@
-"""stapo.grading: verdicts on real benchmark golds, adversarial completions, worker-pool behaviour."""
+"""stapo.tasks.rules and stapo.tasks.grading: verdicts on real benchmark golds, adversarial completions, the worker
+pool."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stapo.answers import MAX_BOX_CHARS, MAX_COMPLETION_CHARS, extract_answer, final_box
-from stapo.grading import Grade, grade, grade_one
+from stapo.tasks.answers import MAX_BOX_CHARS, MAX_COMPLETION_CHARS, extract_answer, final_box
+from stapo.tasks.grading import grade
+from stapo.tasks.rules import Grade, grade_one
 
 S = "We compute carefully. The final answer is "
 
@@ -151,7 +153,7 @@ SLOW_GOLD = "m l \\ddot{\\theta}(t)-m g \\sin \\theta(t)=f(t) \\cos \\theta(t)"
 
 @pytest.mark.timeout(120)
 def test_slow_python_answer_times_out_in_the_worker_which_is_kept():
-    from stapo import grading
+    from stapo.tasks import grading
 
     t = time.monotonic()
     g = grade_one(f"\\boxed{{{SLOW_GOLD}+1}}", SLOW_GOLD, timeout=1.0)
@@ -165,7 +167,7 @@ def test_slow_python_answer_times_out_in_the_worker_which_is_kept():
 
 
 def test_answers_to_one_gold_queue_for_one_worker_and_idle_workers_take_from_the_longest_queue():
-    from stapo.grading import _gold_queues, _next_job
+    from stapo.tasks.grading import _gold_queues, _next_job
 
     golds = ["1", "2", "1", "3", "\\frac{1}{2}", "2", "1"] * 3
     queues = _gold_queues(golds, 3)
@@ -195,7 +197,7 @@ def test_no_signal_handler_left_in_parent():
 
 
 def test_workers_persist_between_calls_and_dead_ones_are_replaced():
-    from stapo import grading
+    from stapo.tasks import grading
 
     grade([_completion("1")] * 2, ["1"] * 2, workers=2)
     pids = {w.proc.pid for w in grading._POOL[:2]}
@@ -249,7 +251,7 @@ def test_strict_box_is_found_anywhere_and_an_overlong_box_is_not_graded_from_its
 
 
 def test_identical_pairs_are_graded_once_and_fanned_out_in_order():
-    from stapo.grading import _unique_jobs
+    from stapo.tasks.grading import _unique_jobs
 
     same_box = ["Adding gives $\\boxed{204}$.", "Another route, same end: \\boxed{204}", "\\boxed{205}"]
     no_box = ["... so the total is 204", "... so the total is 205"]
@@ -269,7 +271,7 @@ def test_huge_integers_are_compared_exactly():
     """A gold written out with 10,001 digits (over Python's 4,300-digit int/str limit) against a power of ten."""
     import sys
 
-    from stapo.grading import MAX_INT_DIGITS
+    from stapo.tasks.rules import MAX_INT_DIGITS
 
     gold = "1" + "0" * 10_000
     limit = sys.get_int_max_str_digits()

@@ -1,4 +1,4 @@
-"""stapo.justrl_grading (``eval.protocol: justrl``'s rule stage) against JustRL's own verdicts, and its golds.
+"""stapo.tasks.justrl_grading (``eval.protocol: justrl``'s rule stage) against JustRL's own verdicts, and its golds.
 
 JustRL's grader is not importable offline, so benchmarks/bench_justrl_agreement.py grades a corpus with both
 (the shipped benchmarks' answers written 27 ways models write them, 34,408 pairs; 0 disagreements, 2026-12-05, sympy
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from stapo import justrl_grading as jg
-from stapo.grading import grade, grade_one
+from stapo.tasks import justrl_grading as jg
+from stapo.tasks.grading import grade
+from stapo.tasks.rules import grade_one
 
 DATA = Path(__file__).parent / "data"
 BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")

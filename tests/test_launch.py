@@ -1,4 +1,4 @@
-"""stapo.launch: the training job's launch line for one device, one node, and N nodes (srun + accelerate launch);
+"""stapo.core.launch: the training job's launch line for one device, one node, and N nodes (srun + accelerate launch);
 and the workflow rendering it: the paper's 8 x 8 job in a dry run, the local profile refusing nodes > 1."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stapo import launch, study
+from stapo.core import launch
+
+from stapo import study
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -1,4 +1,4 @@
-"""stapo.metrics.StepAccumulator: token-weighted step metrics, kept count and loss summed over micro-batches and
+"""stapo.train.metrics.StepAccumulator: token-weighted step metrics, kept count and loss summed over micro-batches and
 processes (two ranks simulated by a stub accelerator whose all-reduce adds the other rank's vector)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from stapo.metrics import STEP_METRICS, StepAccumulator
+from stapo.train.metrics import STEP_METRICS, StepAccumulator
 
 
 def _metrics(seed: int) -> dict:

@@ -1,4 +1,4 @@
-"""Multi-node training without a cluster: the exact launch lines of stapo.launch, run on one host.
+"""Multi-node training without a cluster: the exact launch lines of stapo.core.launch, run on one host.
 
 Two "machines" are two `accelerate launch --num_machines 2` processes (machine ranks 0 and 1, one rank each) that
 meet at 127.0.0.1 (torchrun's static rendezvous, gloo on CPU). They are started by the multi-node launcher line the
@@ -25,7 +25,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from stapo import launch, rundir
+from stapo.core import launch
+
+from stapo.train import rundir
 from stapo.models import resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,7 +110,7 @@ def _free_job_id() -> int:
 
 
 def _command(tmp: Path, recipe: Path, out: Path, nodes: int, gpus: int) -> tuple[str, dict]:
-    """The workflow's shell line for a job of nodes × gpus (stapo.launch), and its environment on this host."""
+    """The workflow's shell line for a job of nodes × gpus (stapo.core.launch), and its environment on this host."""
     line = launch.train_launcher(gpus, nodes, str(_cpu_engine(tmp)))
     line = line.replace("-m stapo.cli", shlex.quote(str(HELPER)))
     line += (f" train --recipe {shlex.quote(str(recipe))} --model tiny-qwen3 --method stapo"

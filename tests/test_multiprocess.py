@@ -26,7 +26,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-import stapo.trainer as T
+import stapo.train.trainer as T
+from stapo.train import trl_config
 from stapo import study
 
 from helpers.shared import build_once
@@ -232,17 +233,17 @@ def test_config_records_engine_and_normaliser(tmp_path, engine, method, normalis
     paper = study.load(REPO / "configs" / "paper.yaml")
     paper["train"]["use_vllm"] = False  # no vLLM here; the engine settings are not the point
     plan = study.resolve_plan(paper, "qwen3-8b-base", method)
-    config = T.grpo_config(plan, tmp_path, 8, deepspeed=engine == "deepspeed")
-    trl = T._resolved_config(plan, config, engine)["trl"]
+    config = trl_config.grpo_config(plan, tmp_path, 8, deepspeed=engine == "deepspeed")
+    trl = trl_config.resolved_config(plan, config, engine)["trl"]
     assert (trl["engine"], trl["normaliser"]) == (engine, normaliser)
     assert trl["model_dtype"] == ("bfloat16" if engine == "deepspeed" else "float32")  # FSDP: fp32 master weights
 
 
 def test_training_engine_is_known_before_the_accelerator(monkeypatch):
     monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
-    assert T.training_engine() == "single"
+    assert trl_config.training_engine() == "single"
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` with an FSDP config exports
-    assert T.training_engine() == "fsdp"
+    assert trl_config.training_engine() == "fsdp"
 
 
 def test_fsdp_bf16_reduces_gradients_in_fp32():

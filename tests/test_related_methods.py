@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stapo.objectives import POLICY_LOSSES, policy_loss, register_policy_loss, vanilla_loss
+from stapo.losses.policy import policy_loss, vanilla_loss
+from stapo.losses.registry import POLICY_LOSSES, register_policy_loss
 from stapo.study import get_objective
 
 VERL_VERSION = "0.9.1"
@@ -226,20 +227,20 @@ def test_clip_cov_detached_tokens_stay_in_the_denominator():
 def test_a_new_loss_is_one_declaration_and_its_function(monkeypatch):
     """README "Add a method", the loss kind: a REINFORCE loss −Â·log π, declared and registered, trains through
     policy_loss with the shared aggregation."""
-    import stapo.methods
-    import stapo.study.objective as objective_module
+    import stapo.losses.methods
+    import stapo.losses.config as objective_module
     from stapo import study
 
-    monkeypatch.setattr(stapo.methods, "METHODS", dict(stapo.methods.METHODS))
-    monkeypatch.setattr(objective_module, "METHODS", stapo.methods.METHODS)
-    monkeypatch.setattr("stapo.objectives.POLICY_LOSSES", dict(POLICY_LOSSES))
+    monkeypatch.setattr(stapo.losses.methods, "METHODS", dict(stapo.losses.methods.METHODS))
+    monkeypatch.setattr(objective_module, "METHODS", stapo.losses.methods.METHODS)
+    monkeypatch.setattr("stapo.losses.registry.POLICY_LOSSES", dict(POLICY_LOSSES))
 
     @register_policy_loss("reinforce")
     def reinforce(cfg, *, logps, old_logps, advantages, completion_mask, **_):
         loss = -advantages.float().unsqueeze(-1) * logps.float()
         return vanilla_loss(cfg, logps=logps, old_logps=old_logps, advantages=advantages)._replace(loss=loss)
 
-    stapo.methods.declare("reinforce", label="REINFORCE", loss="reinforce")
+    stapo.losses.methods.declare("reinforce", label="REINFORCE", loss="reinforce")
     cfg = study.parse({"study": "s", "methods": {"rf": {"objective": "reinforce"}}}, required=()).methods["rf"]
     x = _inputs(2, 3, 0, 0.0)
     x["completion_mask"] = torch.ones(2, 3, dtype=torch.int)
@@ -292,11 +293,11 @@ def test_clamps_that_only_extreme_ratios_reach_fail_the_comparison(core_algos, m
     """The two changes the moderate inputs cannot see (difference 0 there) differ from verl by far more than the
     tolerance at the extreme ratios: CISPO where log ρ < −10 (its weight e^−10 instead of ρ), GSPO where a
     sequence's log-ratio exceeds 10 with Â < 0 (e^15 instead of e^10)."""
-    import stapo.related_losses
+    import stapo.losses.related
 
     overrides = {"log_ratio_clip": 10.0} if change == "log_ratio_clip 10" else {}
     if change == "no cap":
-        monkeypatch.setattr(stapo.related_losses, "GSPO_LOG_RATIO_MAX", float("inf"))
+        monkeypatch.setattr(stapo.losses.related, "GSPO_LOG_RATIO_MAX", float("inf"))
     moderate = max_relative_differences(core_algos, method, **overrides)
     worst = extreme_relative_differences(core_algos, method, **overrides)
     print(f"{method} with {change}: moderate inputs (loss, gradient) {moderate}; extreme, by log ρ: {worst}")

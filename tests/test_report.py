@@ -1,5 +1,5 @@
-"""stapo.report and stapo.figures on synthetic score summaries and metrics: table layout, Δ vs the paper, CSV CIs,
-what each figure plots."""
+"""stapo.report.table and stapo.report.figures on synthetic score summaries and metrics: table layout, Δ vs the paper,
+CSV CIs, what each figure plots."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stapo import report, results
-from stapo.atomic import atomic_write_json
+from stapo.report import table as report, results
+from stapo.core.atomic import atomic_write_json
 from stapo import study as stapo_study
-from stapo.figures import FIGURE_KINDS, figure_series, step_of, step_series
-from stapo.names import PAPER_BENCHMARKS
+from stapo.report.figures import FIGURE_KINDS, figure_series, step_of, step_series
+from stapo.study.names import PAPER_BENCHMARKS
 
 SETTINGS = ("t1.0_p1.0", "t0.7_p0.9")
 PAPER_MODEL = "qwen3-1.7b-base"
@@ -168,7 +168,7 @@ def test_identical_curves_are_named_in_the_legend_and_the_index(tmp_path):
     index = (tmp_path / "results" / "figures.md").read_text()
     assert "  - note: STAPO is identical to JustRL (drawn over it, so only one line shows)" in index  # entropy
     assert "  - note: STAPO is identical to GRPO (drawn over it" in index  # reward: every method logs the same
-    from stapo.figures import draw_figure
+    from stapo.report.figures import draw_figure
 
     fig = draw_figure("entropy", "m", [], metrics, list(METHODS))
     assert "STAPO (= JustRL, drawn over it)" in fig.axes[0].get_legend_handles_labels()[1]
@@ -535,7 +535,7 @@ def test_report_follows_the_study_settings_benchmarks_labels_and_curve(tmp_path)
 
 
 def test_row_average_ci_stays_within_0_and_100_and_one_benchmark_keeps_its_own():
-    from stapo.comparison_figures import mean_ci
+    from stapo.report.comparison import mean_ci
 
     def score(acc, lo, hi):
         return report.Score("m", "stapo", "final", "arith", "t1.0_p1.0", acc, lo, hi)

@@ -1,5 +1,6 @@
-"""stapo.jsonl's one JSON-lines policy (re-exported by stapo.results) and its callers: blank lines, a torn last
-line of a log, a malformed line inside a file, rows that are not objects; and stapo.results' run-file loaders."""
+"""stapo.core.jsonl's one JSON-lines policy (re-exported by stapo.report.results) and its callers: blank lines, a torn
+last line of a log, a malformed line inside a file, rows that are not objects; and stapo.report.results' run-file
+loaders."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import re
 
 import pytest
 
-from stapo import results
-from stapo.data import DatasetError, read_rows
-from stapo.errors import UserError
-from stapo.jsonl import JsonlError, jsonl_records, read_jsonl
+from stapo.report import results
+from stapo.tasks.problems import DatasetError, read_rows
+from stapo.core.errors import UserError
+from stapo.core.jsonl import JsonlError, jsonl_records, read_jsonl
 from stapo.tasks.registry import read_benchmark_file
 
 
@@ -35,7 +36,7 @@ def test_a_line_separator_inside_a_string_does_not_split_the_line(tmp_path):
 def test_a_torn_last_line_of_a_log_is_skipped_with_a_warning_naming_file_and_line(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "lo')  # the writer was killed mid-line
-    with caplog.at_level(logging.WARNING, logger="stapo.jsonl"):
+    with caplog.at_level(logging.WARNING, logger="stapo.core.jsonl"):
         assert read_jsonl(path, appended=True) == [{"step": 1}, {"step": 2}]
     assert f"{path}:3: discarding a torn last line" in caplog.text
     with pytest.raises(JsonlError, match=rf"{re.escape(str(path))}:3: invalid JSON"):

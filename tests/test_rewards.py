@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from stapo.rewards import DAPO_TAIL_CHARS, REWARDS, dapo_lenient, dapo_strict, math_verify, math_verify_01
+from stapo.tasks.rewards import DAPO_TAIL_CHARS, REWARDS, dapo_lenient, dapo_strict, math_verify, math_verify_01
 
 
 # JustRL train/verl/utils/reward_score/math_dapo.py, compute_score(strict_box_verify=True), gold "18" / "1000"

@@ -1,4 +1,4 @@
-"""stapo.rundir on fabricated run directories (no model is loaded): the checkpoint manifest, falling back past
+"""stapo.train.rundir on fabricated run directories (no model is loaded): the checkpoint manifest, falling back past
 damaged checkpoints, torn log lines, final/ verification, finishing a run killed after its last checkpoint, and the
 run's recorded config (a rerun with another one refuses). One slow end-to-end test kills a real run."""
 
@@ -18,9 +18,11 @@ import yaml
 
 from safetensors.torch import load_file, save_file
 
-import stapo.trainer as T
-from stapo import cli, rundir, study
-from stapo.rewards import REWARDS
+import stapo.train.trainer as T
+from stapo.train import trl_config
+from stapo import cli, study
+from stapo.train import rundir
+from stapo.tasks.rewards import REWARDS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +79,7 @@ def no_training(monkeypatch):
 
 def started(out: Path, plan) -> None:
     """Record ``plan`` as the run's starting config, as the first `stapo train` does."""
-    rundir.claim(out, T._resolved_config(plan, T.grpo_config(plan, out)))
+    rundir.claim(out, trl_config.resolved_config(plan, trl_config.grpo_config(plan, out)))
 
 
 # ----------------------------------------------------------------------------------- checkpoints (point 4)
@@ -91,7 +93,7 @@ def test_truncated_file_in_latest_checkpoint_falls_back_to_the_intact_one(tmp_pa
     write_metrics(tmp_path, [1, 2, 3, 4])
     assert rundir.problems(good) == []
     assert any(victim in p for p in rundir.problems(bad))
-    with caplog.at_level(logging.WARNING, logger="stapo.rundir"):
+    with caplog.at_level(logging.WARNING, logger="stapo.train.rundir"):
         assert rundir.prepare_resume(tmp_path) == good
     assert not bad.exists() and metric_steps(tmp_path) == [1, 2]
     assert victim in caplog.text and "checkpoint-4" in caplog.text  # what was discarded, and why
@@ -158,7 +160,7 @@ def test_same_size_bit_flip_is_found_on_resume(tmp_path, caplog, victim):
     assert rundir.problems(bad, content=False) == []  # sizes and structure cannot see it
     assert rundir.problems(bad) == [f"{victim} content differs from its SHA-256 at save time (damaged after it "
                                     "was written)"]
-    with caplog.at_level(logging.WARNING, logger="stapo.rundir"):
+    with caplog.at_level(logging.WARNING, logger="stapo.train.rundir"):
         assert rundir.prepare_resume(tmp_path) == good
     assert not bad.exists() and f"checkpoint-4: {victim} content differs" in caplog.text
 
@@ -179,7 +181,7 @@ def test_a_damaged_final_is_rebuilt(tmp_path, no_training):
 
 HOLDER = """
 import sys, time
-from stapo.lock import run_lock
+from stapo.core.lock import run_lock
 with run_lock(sys.argv[1]):
     print("held", flush=True)
     time.sleep(600)
@@ -192,7 +194,7 @@ def test_one_writer_per_run_directory_and_no_stale_lock_after_kill_9(tmp_path):
     import subprocess
     import sys
 
-    from stapo.lock import Busy, run_lock
+    from stapo.core.lock import Busy, run_lock
 
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
@@ -212,7 +214,7 @@ def test_one_writer_per_run_directory_and_no_stale_lock_after_kill_9(tmp_path):
 
 
 def test_restart_keeps_the_lock_in_place(tmp_path, no_training):
-    from stapo.lock import RUN_LOCK, run_lock
+    from stapo.core.lock import RUN_LOCK, run_lock
 
     started(tmp_path, tiny_plan(learning_rate=1e-5))
     fake_checkpoint(tmp_path, 2)
@@ -231,7 +233,7 @@ def test_torn_last_metrics_line_is_trimmed_and_logged(tmp_path, caplog):
     ckpt = fake_checkpoint(tmp_path, 2)
     write_metrics(tmp_path, [1, 2], tail='{"step": 3, "lo')  # killed while appending step 3
     (tmp_path / "diagnostics.jsonl").write_text('{"step": 2}\n{"st')
-    with caplog.at_level(logging.WARNING, logger="stapo.rundir"):
+    with caplog.at_level(logging.WARNING, logger="stapo.train.rundir"):
         assert rundir.prepare_resume(tmp_path) == ckpt
     assert metric_steps(tmp_path) == [1, 2]
     assert (tmp_path / "diagnostics.jsonl").read_text() == '{"step": 2}\n'
@@ -424,7 +426,7 @@ def test_two_stapo_train_into_one_dir_one_refuses_and_kill_9_leaves_no_stale_loc
     import sys
     import time
 
-    from stapo.lock import RUN_LOCK, holder
+    from stapo.core.lock import RUN_LOCK, holder
 
     recipe = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     recipe["workflow"]["models"] = ["tiny-qwen3"]

@@ -1,11 +1,11 @@
 """Training curves of a several-seed study: the across-seed mean with the seeds' range as a band
-(stapo.figures.across_seeds), per optimiser step in the paper's rollout-step unit."""
+(stapo.report.figures.across_seeds), per optimiser step in the paper's rollout-step unit."""
 
 from __future__ import annotations
 
 import pytest
 
-from stapo.figures import across_seeds, draw_figure, figure_series
+from stapo.report.figures import across_seeds, draw_figure, figure_series
 
 
 def _rows(entropies, silenced=None):
@@ -51,13 +51,13 @@ def test_band_is_drawn(tmp_path):
 
 
 def test_accuracy_curve_of_several_seeds_maps_checkpoints_through_a_seeds_metrics_with_the_ci_band():
-    from stapo.report import Score
+    from stapo.report.table import Score
 
     def score(method, ckpt, acc, lo, hi, n_seeds):
         return Score("m", method, ckpt, "arith", "t1.0_p1.0", acc, lo, hi, n_seeds=n_seeds)
 
     scores = [score("base", "base", 30.0, 20.0, 40.0, 1),
-              score("stapo", "checkpoint-2", 50.0, 41.0, 58.0, 3),   # the across-seed cells (stapo.report)
+              score("stapo", "checkpoint-2", 50.0, 41.0, 58.0, 3),   # the across-seed cells (stapo.report.table)
               score("stapo", "final", 60.0, 52.0, 67.0, 3)]
     s = figure_series("accuracy", "m", scores, METRICS, ["stapo"]).of("stapo", "t1.0_p1.0")
     assert s.steps == (0, 2, 3)  # checkpoint-2 is step 2 of seed 0's metrics; final its last step

@@ -1,4 +1,4 @@
-"""The across-seed report (stapo.seed_report) on synthetic per-sample files of a 3-seed study with a known effect."""
+"""The across-seed report (stapo.report.seeds) on synthetic per-sample files of a 3-seed study with a known effect."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from stapo import study
-from stapo.scoring import DamagedScores, samples_file_digest, summary_of
-from stapo.seed_report import load_seed_samples, paired_table, render_seeds, seed_cells, seed_scores
+from stapo.eval.scoring import DamagedScores, samples_file_digest, summary_of
+from stapo.report.seeds import load_seed_samples, paired_table, render_seeds, seed_cells, seed_scores
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _write(path: Path, correct: np.ndarray, verified: np.ndarray | None = None) -> None:
-    """Per-sample records (the fields stapo.scoring.build_records writes) of correct [P, N]."""
+    """Per-sample records (the fields stapo.eval.scoring.build_records writes) of correct [P, N]."""
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [{"problem_id": f"p{p:03d}", "sample": k, "correct": bool(correct[p, k]),
              **({"correct_verified": bool(verified[p, k])} if verified is not None else {})}
@@ -104,10 +104,10 @@ def test_seeds_on_different_problems_are_an_error(tmp_path):
 def test_stapo_report_of_a_three_seed_study(scores, tiny_study, tmp_path):
     """write_report: the table's trained cells are the means over seeds (n in a footnote, linked to seeds.md),
     scores.csv has n_seeds, the curves come from every seed's metrics."""
-    from stapo.report import load_scores, write_report
+    from stapo.report.table import load_scores, write_report
 
     for path in sorted(scores.rglob("*.jsonl")):  # the summaries stapo eval writes beside the samples
-        _, rule, _ = __import__("stapo.seed_report", fromlist=["x"])._correct_matrix(path)
+        _, rule, _ = __import__("stapo.report.seeds", fromlist=["x"])._correct_matrix(path)
         summary = {"avg_at_n": 100 * rule.mean(), "ci95": [0.0, 100.0], "n_samples": 4, "problems": 200}
         path.with_name(path.name.replace(".jsonl", ".summary.json")).write_text(json.dumps(summary))
     runs = tmp_path / "runs"
@@ -135,8 +135,8 @@ def test_stapo_report_of_a_three_seed_study(scores, tiny_study, tmp_path):
         csv_rows = list(csv.DictReader(f))
     keys = ("model", "method", "ckpt", "benchmark", "n_seeds")
     assert any(tuple(r[k] for k in keys) == ("m", "stapo", "final", "arith", "3") for r in csv_rows)
-    from stapo.figures import figure_series
-    from stapo.report import load_metrics
+    from stapo.report.figures import figure_series
+    from stapo.report.table import load_metrics
 
     metrics = load_metrics(runs)
     assert sorted(metrics)[:3] == [("m", "grpo/seed0"), ("m", "grpo/seed1"), ("m", "grpo/seed2")]
@@ -154,7 +154,7 @@ def _cut(path: Path, keep_lines: int) -> None:
 def test_a_per_sample_file_cut_short_is_refused_not_averaged(scores, tiny_study, tmp_path):
     """Two seeds cut to half their problems used to be averaged silently (STAPO 41.67 instead of 29.17 while
     scores.csv said 12 problems): the file's SHA-256 and line count are checked against its summary."""
-    from stapo.report import write_report
+    from stapo.report.table import write_report
 
     for seed in (0, 1):
         _cut(scores / "m" / "stapo" / f"seed{seed}" / "final" / "arith" / "t1.0_p1.0.jsonl", 400)

@@ -1,4 +1,4 @@
-"""Across-seed statistics (stapo.seed_statistics): a hand-computed 3-seed case, the bootstrap against the exact
+"""Across-seed statistics (stapo.report.seed_statistics): a hand-computed 3-seed case, the bootstrap against the exact
 enumeration of its distribution, and paired differences with a known effect."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from stapo.seed_statistics import paired_difference, per_problem, seed_cell, two_stage_bootstrap
+from stapo.report.seed_statistics import paired_difference, per_problem, seed_cell, two_stage_bootstrap
 
 # 3 seeds x 2 problems x 2 samples; per-problem accuracies [[1, 0], [.5, 0], [1, .5]]
 CORRECT = np.array([[[1, 1], [0, 0]],

@@ -396,10 +396,10 @@ def test_paper_study_requests_fit_8_gpu_nodes(tmp_path):
 
 @on_cluster
 def test_multi_node_launch_line_runs_one_accelerate_launch_per_node(tmp_path):
-    """The training job's multi-node line (stapo.launch) in a real 2-node SLURM job (sbatch on two of the paper
+    """The training job's multi-node line (stapo.core.launch) in a real 2-node SLURM job (sbatch on two of the paper
     nodes): srun starts one task per node, each runs `accelerate launch` (a stand-in recording its arguments) with
     its own machine rank, the first node's name as rendezvous and the job's port; node 1 drops the driver watch."""
-    from stapo import launch
+    from stapo.core import launch
 
     record = tmp_path / "launches.log"
     bin_dir = tmp_path / "bin"

@@ -16,10 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stapo import cli, fields, names, study
+from stapo import cli, study
+
+from stapo.core import fields
+
+from stapo.study import names
 from stapo.models import PAPER_MODELS
 from stapo.study.evaluation import BenchmarkEntry
-from stapo.methods import METHODS
+from stapo.losses.methods import METHODS
 from stapo.tasks import registry
 
 from helpers.snakemake_batch import dry_runs
@@ -112,13 +116,13 @@ def bad_file(tmp_path: Path, edit) -> Path:
 def no_model(monkeypatch):
     """Loading a model (or building the trainer) fails the test: the error must come first."""
     import stapo.models
-    import stapo.trainer
+    import stapo.train.trainer
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the config error")
 
-    monkeypatch.setattr(stapo.trainer, "build_trainer", refuse)
-    monkeypatch.setattr(stapo.trainer, "resolve_model", refuse)
+    monkeypatch.setattr(stapo.train.trainer, "build_trainer", refuse)
+    monkeypatch.setattr(stapo.train.trainer, "resolve_model", refuse)
     monkeypatch.setattr(stapo.models, "resolve_model", refuse)
 
 
@@ -276,7 +280,7 @@ def test_paper_table_keys_are_in_the_registry():
 @pytest.mark.parametrize("cls", [study.ModelEntry, study.ObjectiveConfig, study.TrainSettings, study.EvalSection,
                                  BenchmarkEntry, study.WorkflowSection])
 def test_every_field_is_documented(cls):
-    """A field's documentation is its metadata (stapo.fields.option), and the schema's description is that text."""
+    """A field's documentation is its metadata (stapo.core.fields.option), and the schema's description is that text."""
     missing = [f.name for f in dataclasses.fields(cls) if f.name != "method" and len(f.metadata.get("help", "")) < 10]
     assert not missing, f"{cls.__name__}: undocumented fields {missing}"
 
@@ -292,7 +296,7 @@ def test_the_schema_is_generated_from_the_dataclasses():
     train = schema["properties"]["train"]["properties"]
     assert train["micro_batch_tokens"]["type"] == ["integer", "null"]
     assert train["mini_batch"]["enum"] == ["groups", "shuffled"]
-    assert "maximum" not in train["max_steps"]  # train_settings checks stapo.limits' bounds (one message)
+    assert "maximum" not in train["max_steps"]  # train_settings checks stapo.core.limits' bounds (one message)
     eval_ = schema["properties"]["eval"]["properties"]
     assert eval_["max_new_tokens"]["maximum"] == 131_072 and eval_["protocol"]["enum"] == ["justrl", "harness"]
     assert train["report_to"]["type"] == ["string", "array"]

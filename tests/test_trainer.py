@@ -16,11 +16,16 @@ import yaml
 
 from safetensors.torch import load_file
 
-import stapo.trainer as T
-from stapo.methods import METHODS as DECLARED_METHODS
-from stapo import rundir, study
-from stapo.objectives import policy_loss
-from stapo.rewards import REWARDS
+import stapo.train.trainer as T
+from stapo.core.errors import UserError
+from stapo.losses.aggregation import aggregation
+from stapo.study.train import trl_micro_batch
+from stapo.train import layout, trl_config
+from stapo.losses.methods import METHODS as DECLARED_METHODS
+from stapo.train import rundir
+from stapo import study
+from stapo.losses.policy import policy_loss
+from stapo.tasks.rewards import REWARDS
 
 from helpers.shared import build_once
 
@@ -105,13 +110,13 @@ def test_paper_recipe_maps_to_trl_batches():
     # 64 prompts x 8 rollouts per optimiser step over 8 GPUs: TRL hands each its 64 completions of the step at
     # once (token-budget micro-batches, JustRL's 32,768 tokens, packed); 4 optimiser steps per rollout batch
     assert study.accumulation(plan.settings, 8) == (1, 4)
-    assert T.trl_micro_batch(plan.settings, 8) == 64 and T.trl_micro_batch(plan.settings, 64) == 8
+    assert trl_micro_batch(plan.settings, 8) == 64 and trl_micro_batch(plan.settings, 64) == 8
     assert (plan.settings.micro_batch_tokens, plan.settings.padding_free, plan.settings.mini_batch) == (32768, True,
                                                                                                        "groups")
     e20 = study.resolve_plan(recipe, "qwen3-8b-base", "entropy20").settings  # the 80/20 release's own recipe
     assert (e20.prompts_per_generation, e20.num_generations, e20.prompts_per_step, e20.max_completion_length,
             e20.micro_batch_tokens) == (512, 16, 32, 20480, 22528)
-    assert study.accumulation(e20, 64) == (1, 16) and T.trl_micro_batch(e20, 64) == 8
+    assert study.accumulation(e20, 64) == (1, 16) and trl_micro_batch(e20, 64) == 8
     assert (plan.objective.tau_p, plan.objective.entropy_quantile) == (0.002, 0.75)
     s = plan.settings
     assert (s.learning_rate, s.warmup_steps, s.weight_decay, s.max_grad_norm) == (1e-6, 10, 0.1, 1.0)
@@ -128,21 +133,21 @@ def test_paper_recipe_counts_rollout_steps(tmp_path):
     paper["train"]["use_vllm"] = False  # no vLLM on this machine: the GPU engine settings are not the point here
     plan = study.resolve_plan(paper, "qwen3-8b-base", "stapo")
     assert (plan.settings.max_steps, plan.settings.save_steps, plan.settings.warmup_steps) == (3000, 20, 10)
-    cfg = T.grpo_config(plan, tmp_path, 8)
+    cfg = trl_config.grpo_config(plan, tmp_path, 8)
     assert (cfg.max_steps, cfg.save_steps, cfg.warmup_steps) == (12000, 80, 40)  # TRL: optimiser steps
     assert cfg.use_bias_correction_kl is False and cfg.loss_type == "dapo"
-    grpo = T.grpo_config(study.resolve_plan(paper, "qwen3-8b-base", "grpo"), tmp_path, 8)
+    grpo = trl_config.grpo_config(study.resolve_plan(paper, "qwen3-8b-base", "grpo"), tmp_path, 8)
     assert grpo.loss_type == "grpo" and grpo.beta == 0.04 and grpo.use_bias_correction_kl is False
 
 
 def test_bf16_keeps_fp32_master_weights_without_deepspeed(tmp_path):
     plan = study.resolve_plan(tiny_recipe(bf16=True), "tiny-qwen3", "stapo")
-    plain = T.grpo_config(plan, tmp_path, 1)
+    plain = trl_config.grpo_config(plan, tmp_path, 1)
     assert plain.bf16 and plain.model_init_kwargs["dtype"] == torch.float32  # autocast over fp32 parameters
-    zero = T.grpo_config(plan, tmp_path, 1, deepspeed=True)
+    zero = trl_config.grpo_config(plan, tmp_path, 1, deepspeed=True)
     assert zero.model_init_kwargs["dtype"] == torch.bfloat16  # the ZeRO engine keeps the fp32 master copy
-    assert T.grpo_config(study.resolve_plan(tiny_recipe(), "tiny-qwen3", "stapo"), tmp_path, 1).model_init_kwargs[
-        "dtype"] == torch.float32
+    fp32 = trl_config.grpo_config(study.resolve_plan(tiny_recipe(), "tiny-qwen3", "stapo"), tmp_path, 1)
+    assert fp32.model_init_kwargs["dtype"] == torch.float32
 
 
 @pytest.mark.parametrize("style", ["stripped", "justrl_raw"])
@@ -151,7 +156,7 @@ def test_train_prompt_reaches_the_training_set(tmp_path, monkeypatch, style):
     (the hub is replaced by one record in BytedTsinghua-SIA's format)."""
     import datasets
 
-    from stapo.data import DAPO_PREFIX, DAPO_SUFFIX, PROMPT_SUFFIX
+    from stapo.tasks.problems import DAPO_PREFIX, DAPO_SUFFIX, PROMPT_SUFFIX
 
     record = {"prompt": [{"role": "user", "content": f"{DAPO_PREFIX}What is 2 + 3?{DAPO_SUFFIX}"}],
               "reward_model": {"ground_truth": "5"}}
@@ -205,7 +210,7 @@ def test_rollouts_stop_at_every_end_of_turn_token(tmp_path):
     assert set(trainer.eos_token_ids) == {151643, 151645}  # the completion mask closes at either
     assert set(trainer.generation_config.eos_token_id) == {151643, 151645}  # HF generation stops at either
     # vLLM rollouts: SamplingParams(stop_token_ids=...) through generation_kwargs
-    cfg = T.grpo_config(plan, tmp_path, 1, use_vllm=True, stop_token_ids=[151643, 151645])
+    cfg = trl_config.grpo_config(plan, tmp_path, 1, use_vllm=True, stop_token_ids=[151643, 151645])
     assert cfg.generation_kwargs == {"stop_token_ids": [151643, 151645]}
     # TRL's completion mask from the trainer's eos ids: text after <|im_end|> never reaches the reward
     ids = torch.tensor([[10, 11, 151645, 12, 13], [10, 151643, 14, 15, 16]])
@@ -261,8 +266,7 @@ def trainer_gradients(trainer, batches: list[dict]) -> dict[str, torch.Tensor]:
 
 def forward(trainer, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs, entropies) [B, T] of a micro-batch's completions under the trainer's model (with grad)."""
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    ids, mask = layout.sequence_inputs(inputs)
     logps, ent, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask,
                                                                inputs["completion_ids"].size(1), compute_entropy=True)
     return logps, ent
@@ -315,7 +319,7 @@ def test_per_micro_batch_gradient_is_the_sequence_weighted_token_means(tmp_path,
     recipe = tiny_recipe(reward="dapo_strict")
     recipe["methods"][method].update(loss_agg_mode="token-mean-per-micro-batch", quantile_scope=scope)
     plan, trainer = accumulating_trainer(tmp_path, recipe, method)
-    assert trainer._normaliser is T.Normaliser.MICRO_BATCH_TOKEN_MEAN and trainer.args.loss_type == "bnpo"
+    assert trainer._aggregation.name == "micro_batch_token_mean" and trainer.args.loss_type == "bnpo"
     batches = two_micro_batches(second=[1, 2, 1, 1])
     got = trainer_gradients(trainer, batches)
 
@@ -342,7 +346,7 @@ def test_related_methods_accumulate_their_own_loss(tmp_path, method):
     batches = two_micro_batches()
     got = trainer_gradients(trainer, batches)
     tokens = sum(float(b["completion_mask"].sum()) for b in batches)
-    global_mean = plan.objective.loss_agg_mode.step_normaliser
+    global_mean = aggregation(plan.objective.loss_agg_mode).step_normaliser
 
     def loss_of(j, lp, ent, i):
         loss, _ = policy_loss(plan.objective, logps=lp, old_logps=lp.detach(), advantages=i["advantages"],
@@ -434,9 +438,9 @@ def test_each_related_method_trains_one_step(tmp_path, coin, method):
 
 @pytest.mark.slow
 def test_every_line_records_what_the_step_cost(tmp_path, coin, monkeypatch):
-    """Cost fields (stapo.step_cost) of a real run, 2 optimiser steps per rollout batch: the rollout's seconds on
+    """Cost fields (stapo.train.step_cost) of a real run, 2 optimiser steps per rollout batch: the rollout's seconds on
     its first step only, the update's tokens as the micro-batches' attention masks count them, MFU from a peak."""
-    from stapo import metrics as M, step_cost
+    from stapo.train import metrics as M, step_cost
     from stapo.models import resolve_model
     from transformers import AutoModelForCausalLM
 
@@ -474,7 +478,7 @@ def test_every_line_records_what_the_step_cost(tmp_path, coin, monkeypatch):
 
 
 def test_no_mfu_without_a_known_peak(monkeypatch):
-    from stapo import step_cost
+    from stapo.train import step_cost
 
     monkeypatch.delenv("STAPO_PEAK_TFLOPS", raising=False)
     device, peak = step_cost.device_peak()
@@ -624,16 +628,16 @@ def test_report_to_tensorboard_logs_the_step_metrics(tiny_run):
 def test_non_finite_weights_stop_the_run_before_any_save(tmp_path, coin, monkeypatch):
     """A step that leaves a NaN in the weights stops the run with one line (a UserError) and saves nothing of it;
     a diverged run used to save NaN checkpoints and exit 0."""
-    guard = T.FiniteWeights.on_step_end
+    guard = rundir.FiniteWeights.on_step_end
 
     def poisoned(self, args, state, control, model=None, **kwargs):
         with torch.no_grad():
             next(model.parameters()).view(-1)[0] = float("nan")
         return guard(self, args, state, control, model=model, **kwargs)
 
-    monkeypatch.setattr(T.FiniteWeights, "on_step_end", poisoned)
+    monkeypatch.setattr(rundir.FiniteWeights, "on_step_end", poisoned)
     plan = study.resolve_plan(tiny_recipe(), "tiny-qwen3", "justrl")
-    with pytest.raises(T.NonFiniteTraining, match=r"^step 1: parameter .+ is no longer finite .+ no checkpoint"):
+    with pytest.raises(rundir.NonFiniteTraining, match=r"^step 1: parameter .+ is no longer finite .+ no checkpoint"):
         T.train(plan, tmp_path)
     assert not list(tmp_path.glob("checkpoint-*")) and not (tmp_path / "final").exists()
 
@@ -655,6 +659,6 @@ def small_disk(tmp_path):
 @pytest.mark.slow
 def test_disk_full_during_a_checkpoint_is_one_line(small_disk, coin):
     plan = study.resolve_plan(tiny_recipe(max_steps=1), "tiny-qwen3", "justrl")
-    with pytest.raises(T.UserError, match=rf"^disk full while writing {small_disk}/run \(\d+ MiB free there\).+"
+    with pytest.raises(UserError, match=rf"^disk full while writing {small_disk}/run \(\d+ MiB free there\).+"
                                           r"resumes from the start"):
         T.train(plan, small_disk / "run")

@@ -1,4 +1,4 @@
-"""stapo.trl_compat: the installed TRL has every private name the trainer relies on, and the check fails loudly,
+"""stapo.train.trl_compat: the installed TRL has every private name the trainer relies on, and the check fails loudly,
 naming the TRL version and the changed name, when one goes missing, changes its parameters or is no longer called."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import trl
 import trl.kernels.chunked_logprob
 from trl import GRPOTrainer
 
-from stapo import trl_compat
+from stapo.train import trl_compat
 
 
 def _raises(*names: str):

@@ -1,4 +1,4 @@
-"""stapo.verifier: CompassVerifier's prompt and verdict parsing, and the correction stage inside `stapo eval`."""
+"""stapo.eval.verifier: CompassVerifier's prompt and verdict parsing, and the correction stage inside `stapo eval`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from stapo.verifier import CV_PROMPT, check_verifier_config, parse_verdict, verdict_for, verifier_prompt, \
+from stapo.tasks.problems import EvalProtocol
+
+from stapo.eval.verifier import CV_PROMPT, check_verifier_config, parse_verdict, verdict_for, verifier_prompt, \
     verifier_question
 
 TINY = "bundled:tiny-qwen3"  # a bundled random-init model stands in for CompassVerifier-3B on CPU
@@ -45,17 +47,17 @@ JUSTRL_REPLIES = [
 
 @pytest.mark.parametrize("reply,verdict", JUSTRL_REPLIES)
 def test_justrl_protocol_counts_only_a_bare_A(reply, verdict):
-    assert verdict_for(reply, "justrl") == verdict
+    assert verdict_for(reply, EvalProtocol.JUSTRL) == verdict
 
 
 @pytest.mark.parametrize("reply,verdict", REPLIES)
 def test_harness_protocol_parses_leniently(reply, verdict):
-    assert verdict_for(reply, "harness") == verdict == parse_verdict(reply)
+    assert verdict_for(reply, EvalProtocol.HARNESS) == verdict == parse_verdict(reply)
 
 
 def test_question_given_to_the_verifier_per_protocol():
-    assert verifier_question("What is 1+1?", "justrl") == ""  # JustRL's grade.py: df[i].get("question", "")
-    assert verifier_question("What is 1+1?", "harness") == "What is 1+1?"
+    assert verifier_question("What is 1+1?", EvalProtocol.JUSTRL) == ""  # JustRL's grade.py: df[i].get("question", "")
+    assert verifier_question("What is 1+1?", EvalProtocol.HARNESS) == "What is 1+1?"
     assert "<Original Question Begin>:\n\n<Original Question End>" in verifier_prompt("", "2", "So 2.")
 
 
@@ -103,7 +105,7 @@ def test_config_check_names_the_key():
 
 
 def _eval_with_verifier(tmp_path: Path, verifier: dict, tag: str, protocol: str = "justrl") -> tuple[dict, list[dict]]:
-    from stapo import evaluate
+    from stapo.eval import evaluate
     from stapo.cli import main
 
     recipe = tmp_path / "recipe.yaml"

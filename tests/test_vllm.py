@@ -135,9 +135,9 @@ def _engine_greedy(llm, prompts: list[list[int]], n: int) -> list[list[int]]:
 def test_weight_sync_to_colocated_engine_during_training(tmp_path, monkeypatch):
     """Two optimiser steps; at each rollout (TRL has synced the engine by then, if it does) the engine's greedy
     tokens on probe prompts are compared with HF greedy on the policy being trained."""
-    import stapo.trainer as T
+    import stapo.train.trainer as T
     from stapo import study
-    from stapo.rewards import REWARDS
+    from stapo.tasks.rewards import REWARDS
 
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", ENV["VLLM_CPU_OMP_THREADS_BIND"])
     monkeypatch.setitem(REWARDS, "coin", coin_reward)

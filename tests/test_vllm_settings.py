@@ -56,7 +56,7 @@ def test_trl_kwargs_off_and_bad_keys():
 
 def test_grpo_config_uses_device_settings(monkeypatch):
     """The trainer's TRL mapping takes the vLLM kwargs from here (CPU: 0.1 of RAM; context = prompt + completion)."""
-    import stapo.trainer as T
+    from stapo.train import trl_config
 
     checked = []
     monkeypatch.setattr(V, "device_kind", lambda: "cpu")
@@ -65,7 +65,7 @@ def test_grpo_config_uses_device_settings(monkeypatch):
     recipe = study.load(ROOT / "configs" / "tiny.yaml")
     recipe["train"]["use_vllm"] = True
     plan = study.resolve_plan(recipe, "tiny-qwen3", "stapo")
-    config = T.grpo_config(plan, Path("unused"))
+    config = trl_config.grpo_config(plan, Path("unused"))
     assert (config.use_vllm, config.vllm_mode, config.vllm_gpu_memory_utilization, config.vllm_max_model_length) == (
         True, "colocate", 0.1, 256 + 48)
     assert checked == [("cpu", "train.use_vllm: true"), ("patch", "float32")]  # engine dtype = trainer's (bf16: false)
@@ -95,7 +95,7 @@ def test_build_lm_vllm_passes_device_args(monkeypatch):
     """stapo eval's vllm backend: device defaults under the recipe's eval.vllm, context = prompt + new tokens."""
     import lm_eval.api.registry as registry
 
-    from stapo.generation import build_lm
+    from stapo.eval.generation import build_lm
     from stapo.study.evaluation import EvalConfig
 
     seen = {}
@@ -259,8 +259,8 @@ def test_cpu_patch_of_trl_colocate():
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
 def test_stages_stop_before_loading_without_vllm(monkeypatch):
     """Without vLLM, `stapo train` (use_vllm) and `stapo eval --backend vllm` stop at config time, naming the fix."""
-    import stapo.trainer as T
-    from stapo.generation import build_lm
+    from stapo.train import trl_config
+    from stapo.eval.generation import build_lm
     from stapo.study.evaluation import EvalConfig
 
     monkeypatch.setattr(V, "device_kind", lambda: "cpu")
@@ -268,7 +268,7 @@ def test_stages_stop_before_loading_without_vllm(monkeypatch):
     recipe["train"]["use_vllm"] = True
     plan = study.resolve_plan(recipe, "tiny-qwen3", "stapo")
     with pytest.raises(V.VllmUnavailable, match=r"train\.use_vllm: true needs the vllm package.*make test-vllm"):
-        T.grpo_config(plan, Path("unused"))
+        trl_config.grpo_config(plan, Path("unused"))
     cfg = EvalConfig(benchmark="arith", setting="t1.0_p1.0", temperature=1.0, top_p=1.0, max_new_tokens=8, n=1,
                      backend="vllm", limit=None, data_dir=None, seed=0)
     with pytest.raises(V.VllmUnavailable, match=r"eval backend 'vllm' \(--backend hf.*\) needs the vllm package"):

@@ -161,7 +161,7 @@ def test_train_jobs_launch_accelerate_on_multi_gpu(tmp_path):
     assert re.search(r"-m stapo\.cli train --recipe results/recipes/[0-9a-f]{16}\.yaml --model qwen3-8b-base "
                      r"--method stapo", res.stdout)
     assert "srun" not in res.stdout
-    # the paper's 8 nodes x 8 GPUs: one accelerate launch per node under srun (stapo.launch)
+    # the paper's 8 nodes x 8 GPUs: one accelerate launch per node under srun (stapo.core.launch)
     res = snakemake("-n", "-p", "--configfile", PAPER, "--", "runs/qwen3-8b-base/stapo/final", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "srun --nodes=8 --ntasks-per-node=1 --gpus-per-node=8" in res.stdout
@@ -390,9 +390,9 @@ def test_tiny_dag_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_a_training_job_dies_with_its_killed_driver(tmp_path):
-    """kill -9 of the Snakemake driver during `stapo train`: the job stops within seconds (stapo.driver) instead of
+    """kill -9 of the Snakemake driver during `stapo train`: the job stops within seconds (stapo.core.driver) instead of
     training on orphaned, so the rerun finds its run directory free (it used to refuse: "in use by PID")."""
-    from stapo.lock import RUN_LOCK, Busy, hold, holder
+    from stapo.core.lock import RUN_LOCK, Busy, hold, holder
 
     study = yaml.safe_load(TINY.read_text())
     study["train"].update(max_steps=1000, save_steps=1000, max_completion_length=8)

@@ -4,8 +4,9 @@ A study has six sections, each a dataclass whose fields are documented where the
 
     study     its name (results headings)
     models    key -> :class:`ModelEntry` (spec, GPUs, per-model ``train`` overrides, cluster resources)
-    methods   key -> :class:`ObjectiveConfig` (stapo.objectives' hyper-parameters; ``objective`` names the method;
-              stapo/study/objective.py), and the method's own ``train`` overrides (its recipe: the paper's baselines
+    methods   key -> :class:`ObjectiveConfig` (stapo.losses' hyper-parameters; ``objective`` names the
+    method;
+              stapo/losses/config.py), and the method's own ``train`` overrides (its recipe: the paper's baselines
               "follow the parameter settings reported in their original papers")
     train     :class:`TrainSettings`, the shared RL recipe (stapo/study/train.py)
     eval      :class:`EvalSection`, the evaluation protocol (stapo/study/evaluation.py)
@@ -27,7 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stapo.study.evaluation import EvalSection
-from stapo.study.objective import OBJECTIVES, ObjectiveConfig, get_objective
+from stapo.losses.config import OBJECTIVES, ObjectiveConfig, get_objective
 from stapo.study.read import (TRAIN_SECTIONS, check_schema, curve_checkpoints, default, kept_checkpoints, load, parse,
                               read, resolve_plan)
 from stapo.study.schema import SECTIONS, study_schema

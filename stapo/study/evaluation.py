@@ -5,7 +5,7 @@ setting); a benchmark or setting the section does not list falls back to the pap
 ``stapo eval`` can run any of them with any study file. A benchmark is data: a key the registry does not know
 evaluates its own ``file`` (``{file: mine.jsonl, label: Mine, samples: 8}``), and any setting key may be declared
 with its ``temperature`` and ``top_p``. ``hf: {batch_size: 4}`` keeps the other ``hf`` defaults.
-``stapo eval`` resolves one (benchmark, setting) job from the section (stapo.evaluate.resolve_config), the command
+``stapo eval`` resolves one (benchmark, setting) job from the section (stapo.eval.evaluate.resolve_config), the command
 line overriding it.
 """
 
@@ -15,15 +15,42 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 
-from stapo.fields import check_keys, option
+from stapo.core.fields import Choice, check_fields, check_keys, option
 
-from stapo.data import EVAL_PROTOCOLS, check_worked_example
+from stapo.tasks.problems import DEFAULT_EVAL_PROTOCOL, EvalProtocol, check_worked_example
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS, FILE_SAMPLES, SETTINGS
 
-__all__ = ["EvalSection", "EvalConfig", "BenchmarkEntry", "BACKENDS", "VERIFIER_DEFAULTS", "VERIFIER_KEYS",
+__all__ = ["EvalSection", "EvalConfig", "BenchmarkEntry", "Backend", "VERIFIER_DEFAULTS", "VERIFIER_KEYS",
            "check_verifier_config"]
 
-BACKENDS = ("hf", "vllm")
+
+
+class Backend(Choice):
+    """``eval.backend``: lm-eval's model backend, and how each generates.
+
+    hf    transformers (CPU and tests): one sampling seed per row (``seeding``), stops through ``eos_token_id``,
+          no top-k cut spelled top_k 0
+    vllm  vLLM (GPU; the paper's): a seed per request, stops through ``stop_token_ids``, no top-k cut spelled -1
+    """
+
+    HF = "hf"
+    VLLM = "vllm"
+
+    @property
+    def seeding(self) -> str:
+        """How stapo.eval.generation.ResumableLM makes the backend's sampling resumable-deterministic."""
+        return "row" if self is Backend.HF else "request"
+
+    @property
+    def stop_ids_kwarg(self) -> str:
+        """The generation kwarg that stops each sequence at its own end-of-turn token ids."""
+        return "eos_token_id" if self is Backend.HF else "stop_token_ids"
+
+    @property
+    def no_top_k(self) -> int:
+        """The top_k value that means "no top-k cut" (HF's default would be 50)."""
+        return 0 if self is Backend.HF else -1
+
 VERIFIER_DEFAULTS = {
     "model": "opencompass/CompassVerifier-3B",
     "max_new_tokens": 16,  # the reply is one letter (the card's example allows 2048 for its CoT prompt)
@@ -45,7 +72,7 @@ class BenchmarkEntry:
                                  "else FILE_SAMPLES (4)", minimum=1)
     limit: int | None = option(None, "evaluate only the first N problems (overrides eval.limit)", minimum=1)
     max_new_tokens: int | None = option(None, "response budget (overrides eval.max_new_tokens)", minimum=1)
-    n: int | None = option(None, "arith only: number of generated problems (stapo.data.synthetic_arith_rows)",
+    n: int | None = option(None, "arith only: number of generated problems (stapo.tasks.problems.synthetic_arith_rows)",
                            minimum=1)
     seed: int | None = option(None, "arith only: the generator's seed")
     difficulty: int | None = option(None, "arith only: operand digits", minimum=1)
@@ -60,8 +87,8 @@ class BenchmarkEntry:
 class EvalSection:
     """The ``eval`` section: the evaluation protocol (benchmarks x sampling settings, grading, backend)."""
 
-    backend: str = option("vllm", "vllm (GPU; the paper's) or hf (transformers; CPU and tests), through lm-eval",
-                          enum=list(BACKENDS))
+    backend: Backend = option(Backend.VLLM, "vllm (GPU; the paper's) or hf (transformers; CPU and tests), through "
+                              "lm-eval")
     data_dir: str | None = option(None, "where benchmark rows come from: null / bundled (the files in "
                                   "stapo/tasks/data), hub, or a directory of <benchmark>.jsonl files")
     max_new_tokens: int = option(20480, "response budget in tokens (paper 20,480)", minimum=1)
@@ -78,21 +105,23 @@ class EvalSection:
                       "keeps the other defaults)", default_factory=lambda: {"batch_size": 8, "dtype": "float32"})
     vllm: dict = option(help="lm-eval vllm model arguments over the device's defaults "
                         "(stapo.vllm_settings.eval_engine_args)", default_factory=dict)
-    verifier: dict | None = option(None, "the LLM-verifier stage (stapo.verifier), e.g. {model: "
+    verifier: dict | None = option(None, "the LLM-verifier stage (stapo.eval.verifier), e.g. {model: "
                                    "opencompass/CompassVerifier-3B} (keys of VERIFIER_DEFAULTS); null = rule grading "
                                    "only")
-    protocol: str = option(
-        "justrl", "how the prompt, the rule stage, the gold and the verifier's inputs and verdicts are made. justrl "
+    protocol: EvalProtocol = option(
+        DEFAULT_EVAL_PROTOCOL,
+        "how the prompt, the rule stage, the gold and the verifier's inputs and verdicts are made. justrl "
         "(default, the paper's: JustRL's code, thunlp/JustRL @ cf444e9 evals/gen_vllm.py, grade.py, utils.py): the "
         "problem and the \\boxed{} instruction joined by one space in the chat template; the rule stage is JustRL's "
-        "grade_answer_verl (stapo.justrl_grading) against JustRL's gold strings (answer_raw, else answer); the "
+        "grade_answer_verl (stapo.tasks.justrl_grading) against JustRL's gold strings (answer_raw, else answer); the "
         "verifier gets an empty question and that gold, and only a reply that is exactly A counts. harness: a blank "
         "line between problem and instruction; the strict final box by math-verify against the clean answer; the "
-        "verifier sees the problem and its reply is parsed leniently (stapo.verifier.parse_verdict). Both rule "
+        "verifier sees the problem and its reply is parsed leniently (stapo.eval.verifier.parse_verdict). Both rule "
         "stages' verdicts are in every per-sample record; recorded in each summary's generation block and part of "
-        "the generation cache's key", enum=list(EVAL_PROTOCOLS))
+        "the generation cache's key (stapo.tasks.problems.EvalProtocol)")
     worked_example: dict | None = option(
-        None, "{problem, solution}: one worked exchange shown before every problem's prompt (stapo.data.build_prompt; "
+        None, "{problem, solution}: one worked exchange shown before every problem's prompt "
+              "(stapo.tasks.problems.build_prompt; "
         "the CPU miniature's model writes \\boxed{} only when shown how); null (the paper) = none. Recorded in each "
         "summary's generation block and part of the generation cache's key")
 
@@ -116,8 +145,7 @@ class EvalSection:
         return out
 
     def check(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"eval.backend: {self.backend!r}; expected one of {list(BACKENDS)}")
+        check_fields(self, "eval.")  # backend, protocol: their enums
         for key, value in (("max_new_tokens", self.max_new_tokens), ("limit", self.limit)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"eval.{key}: expected an integer >= 1, got {value!r}")
@@ -131,12 +159,10 @@ class EvalSection:
                 raise ValueError(f"eval.settings.{key}: expected {{temperature, top_p}}, got {setting!r}")
             if not (setting["temperature"] >= 0 and 0 < setting["top_p"] <= 1):
                 raise ValueError(f"eval.settings.{key}: need temperature >= 0 and top_p in (0, 1], got {setting}")
-        for key in ("hf", "vllm"):
+        for key in (b.value for b in Backend):
             if not isinstance(getattr(self, key), dict):
                 raise ValueError(f"eval.{key}: expected a mapping of lm-eval model arguments")
         check_verifier_config(self.verifier)
-        if self.protocol not in EVAL_PROTOCOLS:
-            raise ValueError(f"eval.protocol: {self.protocol!r}; expected one of {list(EVAL_PROTOCOLS)}")
         check_worked_example(self.worked_example, "eval")
 
     def benchmark(self, key: str) -> BenchmarkEntry:
@@ -187,7 +213,7 @@ def check_verifier_config(section) -> None:
 @dataclass
 class EvalConfig:
     """The settings of one evaluation job (one benchmark × setting), resolved from the section and the command line
-    (stapo.evaluate.resolve_config); the summary's ``generation`` block records them."""
+    (stapo.eval.evaluate.resolve_config); the summary's ``generation`` block records them."""
 
     benchmark: str
     setting: str
@@ -195,7 +221,7 @@ class EvalConfig:
     top_p: float
     max_new_tokens: int
     n: int
-    backend: str
+    backend: Backend
     limit: int | None
     data_dir: str | None
     seed: int
@@ -203,7 +229,7 @@ class EvalConfig:
     backend_args: dict = field(default_factory=dict)
     arith: dict = field(default_factory=dict)
     verifier: dict | None = None
-    protocol: str = "justrl"  # eval.protocol: the prompt and verifier style (EvalSection.protocol)
+    protocol: EvalProtocol = DEFAULT_EVAL_PROTOCOL  # eval.protocol (EvalSection.protocol)
     worked_example: dict | None = None  # eval.worked_example: one worked exchange before each prompt
     stop: list[str] = field(default_factory=list)  # end-of-turn token strings (set from the tokenizer)
     stop_ids: list[int] = field(default_factory=list)  # their ids
@@ -215,9 +241,8 @@ class EvalConfig:
         each sequence ends at its own stop token (HF ``eos_token_id``, vLLM ``stop_token_ids``) instead of running
         on until the whole batch is done (HF decodes with special tokens skipped, so a string cut alone misses it).
         """
-        top_k = 0 if self.backend == "hf" else -1
         kwargs = {"until": list(self.stop), "do_sample": True, "temperature": self.temperature, "top_p": self.top_p,
-                  "top_k": top_k, "max_gen_toks": self.max_new_tokens}
+                  "top_k": self.backend.no_top_k, "max_gen_toks": self.max_new_tokens}
         if self.stop_ids:
-            kwargs["eos_token_id" if self.backend == "hf" else "stop_token_ids"] = list(self.stop_ids)
+            kwargs[self.backend.stop_ids_kwarg] = list(self.stop_ids)
         return kwargs

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import yaml
 
-from stapo.fields import check_keys, from_mapping
-from stapo.limits import MAX_CURVE_POINTS, MAX_YAML_BYTES, check_tree
-from stapo.schedule import optimizer_steps_per_rollout
+from stapo.core.fields import check_keys, from_mapping
+from stapo.core.limits import MAX_CURVE_POINTS, MAX_YAML_BYTES, check_tree
+from stapo.core.schedule import optimizer_steps_per_rollout
 from stapo.study.evaluation import EvalSection
-from stapo.study.objective import ObjectiveConfig, get_objective
+from stapo.losses.config import ObjectiveConfig, get_objective
 from stapo.study.schema import SECTIONS, study_schema
 from stapo.study.sections import ModelEntry, Plan, Study, StudyError, WorkflowSection, _checked, check_model_spec
 from stapo.study.train import TrainSettings, accumulation, train_settings
@@ -57,7 +57,7 @@ def load(path: str | os.PathLike) -> dict:
 def _message(err) -> str:
     """One line for a jsonschema error: the dotted key, then what is wrong with it."""
     path = ".".join(str(p) for p in err.absolute_path)
-    if err.validator == "additionalProperties":  # worded as the dataclass reader's (stapo.fields.check_keys)
+    if err.validator == "additionalProperties":  # worded as the dataclass reader's (stapo.core.fields.check_keys)
         try:
             check_keys(err.instance, err.schema.get("properties", {}), path)
         except ValueError as unknown:
@@ -247,7 +247,8 @@ def resolve_plan(config: dict, model: str, method: str, *, max_steps: int | None
 
 def curve_checkpoints(study: Study, model: str, method: str | None = None) -> list[str]:
     """The accuracy-curve checkpoints of ``model``: rollout steps eval_every, 2 eval_every, ... < train.max_steps
-    (final is the curve's last point), named by TRL's optimiser step (``checkpoint-<k × step>``, stapo.schedule)."""
+    (final is the curve's last point), named by TRL's optimiser step (``checkpoint-<k × step>``,
+    stapo.core.schedule)."""
     every = study.workflow.eval_every
     if not every:
         return []

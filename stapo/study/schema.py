@@ -1,6 +1,6 @@
-"""The JSON schema of a study file, generated from the section dataclasses (stapo.fields): their keys, types, enums
-and descriptions are declared once, on the fields. The name enums come from the declarations (stapo/methods.py),
-the numeric bounds from stapo.limits. ``stapo schema`` prints it as YAML; workflow/schemas/
+"""The JSON schema of a study file, generated from the section dataclasses (stapo.core.fields): their keys, types, enums
+and descriptions are declared once, on the fields. The name enums come from the declarations (stapo/losses/methods.py),
+the numeric bounds from stapo.core.limits. ``stapo schema`` prints it as YAML; workflow/schemas/
 config.schema.yaml is that output (tests/test_study.py keeps the two equal), for readers of the workflow catalog.
 """
 
@@ -10,12 +10,12 @@ import copy
 
 import yaml
 
-from stapo import names
-from stapo.fields import schema_of
-from stapo.limits import BOUNDS, MAX_SEEDS
-from stapo import methods as declared  # read at call time: a method declared later is in the enum
+from stapo.study import names
+from stapo.core.fields import schema_of
+from stapo.core.limits import BOUNDS, MAX_SEEDS
+from stapo.losses import methods as declared  # read at call time: a method declared later is in the enum
 from stapo.study.evaluation import BenchmarkEntry, EvalSection
-from stapo.study.objective import ObjectiveConfig
+from stapo.losses.config import ObjectiveConfig
 from stapo.study.sections import KEY_PATTERN, KEY_RULE, ModelEntry, WorkflowSection
 from stapo.study.train import TrainSettings
 
@@ -41,7 +41,8 @@ def _methods() -> dict:
     entry = schema_of(ObjectiveConfig, drop={"method"}, required=["objective"])
     entry["properties"] = {
         "objective": {"type": "string", "enum": list(declared.METHODS),
-                      "description": "a declared method (stapo/methods.py): its mask or loss and its defaults"},
+                      "description": "a declared method (stapo/losses/methods.py): its mask or loss and its defaults; "
+                                     + ", ".join(f"{k} ({m.label})" for k, m in declared.METHODS.items())},
         "label": {"type": "string", "minLength": 1, "description": "what tables and figures show (default: the "
                   "method's)"},
         "train": _train("this method's overrides of the train section (its own recipe; checked as train is)"),
@@ -64,9 +65,9 @@ def _eval() -> dict:
 
 
 def _bound_numbers(node) -> None:
-    """Every integer / number property named in stapo.limits.BOUNDS gets that bound (the reason as its
+    """Every integer / number property named in stapo.core.limits.BOUNDS gets that bound (the reason as its
     ``$comment``, which stapo.study's error messages quote). Not inside a ``train`` section: train_settings checks
-    its bounds (stapo.limits.check_bound) for the section and its per-model / per-method overrides alike."""
+    its bounds (stapo.core.limits.check_bound) for the section and its per-model / per-method overrides alike."""
     if not isinstance(node, dict):
         return
     for name, sub in (node.get("properties") or {}).items():
@@ -123,7 +124,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     """``stapo schema [--out FILE]``."""
     if args.out:
-        from stapo.atomic import atomic_write
+        from stapo.core.atomic import atomic_write
 
         atomic_write(args.out, dump())
     else:

@@ -1,5 +1,5 @@
 """The sections of a study that are not a recipe of their own: ``models`` entries, ``workflow``, and the parsed
-:class:`Study` with the (model, method) :class:`Plan` it resolves. Each field documents itself (stapo.fields); the
+:class:`Study` with the (model, method) :class:`Plan` it resolves. Each field documents itself (stapo.core.fields); the
 ``train``, ``methods`` and ``eval`` sections are stapo/study/train.py, objective.py and evaluation.py.
 """
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from stapo import names
-from stapo.errors import UserError
-from stapo.fields import option
+from stapo.study import names
+from stapo.core.errors import UserError
+from stapo.core.fields import option
 from stapo.models import check_spec
 from stapo.study.evaluation import EvalSection
-from stapo.study.objective import ObjectiveConfig
+from stapo.losses.config import ObjectiveConfig
 from stapo.study.train import TrainSettings, train_settings
 
 __all__ = ["StudyError", "ModelEntry", "WorkflowSection", "Plan", "Study", "split_run", "KEY_PATTERN", "KEY_RULE"]
@@ -127,7 +127,8 @@ class WorkflowSection:
     seeds: list[int] | None = option(
         None, "training seeds, one run per (model, method, seed) (stapo train --seed: data order, rollout sampling); "
         "each seed's checkpoints are evaluated and the report shows the across-seed mean with a CI over seeds and "
-        "problems (stapo.seed_statistics). null = [train.seed], the one-run layout runs/<model>/<method>/; several "
+        "problems (stapo.report.seed_statistics). null = [train.seed], the one-run layout runs/<model>/<method>/; "
+        "several "
         "give runs/<model>/<method>/seed<k>/ and scores/<model>/<method>/seed<k>/...", minItems=1,
         items={"type": "integer", "minimum": 0})
     keep_checkpoints: bool = option(
@@ -164,7 +165,7 @@ class Study:
 
     def label(self, kind: str, key: str) -> str:
         """What tables and figures call ``key`` of ``kind`` ("models", "methods", "benchmarks", "settings"): the
-        study's ``label``, else the registry's (stapo.names), else ``T<temperature>/p<top_p>`` for a setting the
+        study's ``label``, else the registry's (stapo.study.names), else ``T<temperature>/p<top_p>`` for a setting the
         study declares, else the key itself."""
         own = {"methods": self.labels.get("methods", {}),
                "benchmarks": {k: b.label for k, b in self.eval.benchmarks.items() if b.label},

@@ -9,7 +9,7 @@ In TRL terms (micro-batch = per_device_train_batch_size completions on each of W
     steps_per_generation        = gradient_accumulation_steps · prompts_per_generation / prompts_per_step
 With a token budget (``micro_batch_tokens``, verl's ``use_dynamic_bsz``) TRL hands the trainer a process's whole
 optimiser step at once (per_device_train_batch_size = prompts_per_step · G / W, gradient_accumulation_steps 1)
-and stapo.trainer splits it into token-budget micro-batches itself (stapo.batching).
+and stapo.train.trainer splits it into token-budget micro-batches itself (stapo.train.partition).
 """
 
 from __future__ import annotations
@@ -17,36 +17,52 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from stapo.fields import from_mapping, option
-from stapo.data import TRAIN_PROMPTS, DatasetError, check_worked_example, validate_source
-from stapo.limits import BOUNDS, check_bound
-from stapo.rewards import REWARDS
+from stapo.core.fields import Choice, check_fields, from_mapping, option
+from stapo.tasks.problems import DatasetError, TrainPrompt, check_worked_example, validate_source
+from stapo.core.limits import BOUNDS, check_bound
+from stapo.tasks.rewards import REWARDS
 
-__all__ = ["TrainSettings", "train_settings", "accumulation", "trl_micro_batch", "MINI_BATCHES"]
+__all__ = ["TrainSettings", "MiniBatch", "train_settings", "accumulation", "trl_micro_batch"]
 
-MINI_BATCHES = ("groups", "shuffled")  # verl's whole groups in rollout order | TRL's completion-level shuffle
+
+class MiniBatch(Choice):
+    """``train.mini_batch``: which completions make an optimiser step.
+
+    groups    whole prompt groups in rollout order, verl's ``batch.split(ppo_mini_batch_size)``: the shuffle off,
+              and each process's share of a step whole groups (so prompts_per_step divides by the processes)
+    shuffled  TRL's completion-level shuffle of the rollout batch before it is split (the default)
+    """
+
+    GROUPS = "groups"
+    SHUFFLED = "shuffled"
+
+    @property
+    def whole_groups(self) -> bool:
+        """A step holds whole prompt groups in the order they were generated (TRL's shuffle off)."""
+        return self is MiniBatch.GROUPS
 
 
 @dataclass
 class TrainSettings:
     """The ``train`` section of a recipe: the shared RL recipe (paper, Training Details; JustRL/DAPO scripts). Values
-    are checked by :func:`train_settings` (and their sizes by stapo.limits)."""
+    are checked by :func:`train_settings` (and their sizes by stapo.core.limits)."""
 
-    dataset: dict = option(help="training source, see stapo.data ({name: dapo-math-17k}, {name: synthetic-arith, "
-                           "...}, {path: file.jsonl})", default_factory=lambda: {"name": "dapo-math-17k"})
-    prompt: str = option("stripped", "how a training row becomes the prompt (stapo.data.build_prompt): stripped "
-                         "(default; the DAPO-Math instruction wrapper stripped, the problem, a blank line, the paper's "
-                         "\\boxed{} instruction) or justrl_raw (JustRL's: the raw DAPO-Math text, wrapper included, "
-                         "two newlines, the instruction; thunlp/JustRL rl_dataset.py use_boxed_suffix_prompt)",
-                         enum=list(TRAIN_PROMPTS))
+    dataset: dict = option(help="training source, see stapo.tasks.problems ({name: dapo-math-17k}, {name: "
+                                "synthetic-arith, ...}, {path: file.jsonl})",
+                           default_factory=lambda: {"name": "dapo-math-17k"})
+    prompt: TrainPrompt = option(
+        TrainPrompt.STRIPPED, "how a training row becomes the prompt (stapo.tasks.problems.TrainPrompt): stripped "
+        "(default; the DAPO-Math instruction wrapper stripped, the problem, a blank line, the paper's \\boxed{} "
+        "instruction) or justrl_raw (JustRL's: the raw DAPO-Math text, wrapper included, two newlines, the "
+        "instruction; thunlp/JustRL rl_dataset.py use_boxed_suffix_prompt)")
     reward: str = option("dapo_strict", "dapo_strict (paper: JustRL's DAPO verifier, +-1), dapo_lenient, "
                          "math_verify (+-1) or math_verify_01 (1/0), or any reward registered in "
-                         "stapo.rewards.REWARDS (no schema enum: the registry may grow at run time; train_settings "
-                         "checks it)")
+                         "stapo.tasks.rewards.REWARDS (no schema enum: the registry may grow at run time; "
+                         "train_settings checks it)")
     max_steps: int = option(3000, "training steps in the paper's unit, rollout batches (verl steps; curves run past "
                             "3,000)")
     save_steps: int = option(20, "checkpoint every N rollout steps (paper evaluates every 20); checkpoint-<N> "
-                             "directories are named by TRL's optimiser step: rollout step x k (stapo.schedule)")
+                             "directories are named by TRL's optimiser step: rollout step x k (stapo.core.schedule)")
     save_total_limit: int | None = option(None, "keep only the newest N checkpoints (null = all)")
     learning_rate: float = option(1e-6, "AdamW learning rate (paper: constant 1e-6 after warm-up)")
     warmup_steps: int = option(10, "warm-up rollout steps; the schedule advances once per rollout step, as verl's")
@@ -62,14 +78,13 @@ class TrainSettings:
     micro_batch_tokens: int | None = option(
         None, "token budget of a micro-batch per process (prompt + completion tokens; verl's "
         "ppo_max_token_len_per_gpu with use_dynamic_bsz; JustRL's script: 32,768); null = fixed micro-batches of "
-        "per_device_train_batch_size completions. stapo.batching: ceil(tokens / budget) micro-batches (the largest "
-        "over processes), Karmarkar-Karp balanced, as verl 0.4 does")
+        "per_device_train_batch_size completions. stapo.train.partition: ceil(tokens / budget) micro-batches (the "
+        "largest over processes), Karmarkar-Karp balanced, as verl 0.4 does")
     padding_free: bool = option(False, "token-budget micro-batches are packed into one row (position ids restart at "
                                 "every sequence; no padding) instead of padded to their longest prompt and completion")
-    mini_batch: str = option("shuffled", "which completions make an optimiser step: groups (whole prompt groups in "
-                             "rollout order, verl's batch.split(ppo_mini_batch_size), shuffle off) or shuffled (TRL's "
-                             "completion-level shuffle of the rollout batch before it is split)",
-                             enum=list(MINI_BATCHES))
+    mini_batch: MiniBatch = option(MiniBatch.SHUFFLED, "which completions make an optimiser step: groups (whole prompt "
+                                   "groups in rollout order, verl's batch.split(ppo_mini_batch_size), shuffle off) or "
+                                   "shuffled (TRL's completion-level shuffle of the rollout batch before it is split)")
     num_iterations: int = option(1, "PPO epochs over each rollout batch (paper 1)")
     max_prompt_length: int = option(1024, "prompts longer than this (tokens) are dropped, as verl's "
                                     "filter_overlong_prompts (1,024)")
@@ -93,10 +108,12 @@ class TrainSettings:
         "<model>/<method>/seed<seed>. TensorBoard writes to <run dir>/runs/; wandb / trackio read their own "
         "environment (WANDB_PROJECT, WANDB_MODE=offline, ...)")
     worked_example: dict | None = option(
-        None, "{problem, solution}: one worked exchange shown before every prompt (stapo.data.build_prompt; the CPU "
+        None, "{problem, solution}: one worked exchange shown before every prompt (stapo.tasks.problems.build_prompt; "
+              "the CPU "
         "miniature's SmolLM2-135M writes \\boxed{} only when shown how); null (the paper) = none")
     logging_steps: int = option(1, "always 1 (metrics.jsonl has one line per optimiser step); kept for completeness")
-    diagnostics_every: int = option(0, "every N optimiser steps, log the paper's token analysis (stapo.diagnostics: "
+    diagnostics_every: int = option(0, "every N optimiser steps, log the paper's token analysis "
+                                       "(stapo.train.diagnostics: "
                                     "gradient norm per probability x entropy quadrant, entropy quantiles, "
                                     "silenced-token examples); 0 = off")
     diagnostics_examples: int = option(8, "silenced-token examples written per diagnostics step")
@@ -111,6 +128,7 @@ _NUMBERS = ("learning_rate", "weight_decay", "max_grad_norm", "temperature", "to
 
 
 def _validate(s: TrainSettings, where: str) -> None:
+    check_fields(s, f"{where}.")  # prompt, mini_batch: their enums
     for key in _NUMBERS:
         value = getattr(s, key)
         if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -119,7 +137,7 @@ def _validate(s: TrainSettings, where: str) -> None:
         value = getattr(s, key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{where}.{key}: must be a positive integer, got {value!r}")
-    for f in dataclasses.fields(s):  # every number that sizes work or diverges, within stapo.limits' bound
+    for f in dataclasses.fields(s):  # every number that sizes work or diverges, within stapo.core.limits' bound
         if f.name in BOUNDS:
             check_bound(f.name, getattr(s, f.name), f"{where}.{f.name}")
     if s.num_generations < 2:
@@ -128,8 +146,6 @@ def _validate(s: TrainSettings, where: str) -> None:
     if s.prompts_per_generation % s.prompts_per_step:
         raise ValueError(f"{where}.prompts_per_generation ({s.prompts_per_generation}) must be a multiple of "
                          f"{where}.prompts_per_step ({s.prompts_per_step})")
-    if s.mini_batch not in MINI_BATCHES:
-        raise ValueError(f"{where}.mini_batch: {s.mini_batch!r}; expected one of {list(MINI_BATCHES)}")
     if s.micro_batch_tokens is not None:
         longest = s.max_prompt_length + s.max_completion_length
         if isinstance(s.micro_batch_tokens, bool) or not isinstance(s.micro_batch_tokens, int):
@@ -139,8 +155,6 @@ def _validate(s: TrainSettings, where: str) -> None:
                              f"max_prompt_length + max_completion_length = {longest} (verl asserts the same)")
     elif s.padding_free:
         raise ValueError(f"{where}.padding_free: needs micro_batch_tokens (token-budget micro-batches)")
-    if s.prompt not in TRAIN_PROMPTS:
-        raise ValueError(f"{where}.prompt: unknown prompt {s.prompt!r}; expected one of {list(TRAIN_PROMPTS)}")
     if s.reward not in REWARDS:
         raise ValueError(f"{where}.reward: unknown reward {s.reward!r}; expected one of {sorted(REWARDS)}")
     if not 0.0 < s.temperature or not 0.0 < s.top_p <= 1.0:
@@ -183,11 +197,9 @@ def train_settings(section: dict, where: str = "train") -> TrainSettings:
     return settings
 
 
-
-
 def trl_micro_batch(settings: TrainSettings, num_processes: int) -> int:
     """TRL's per_device_train_batch_size: the fixed micro-batch, or, with a token budget, the process's whole
-    optimiser step (stapo.trainer splits it into token-budget micro-batches)."""
+    optimiser step (stapo.train.trainer splits it into token-budget micro-batches)."""
     if settings.micro_batch_tokens is None:
         return settings.per_device_train_batch_size
     per_step = settings.prompts_per_step * settings.num_generations
@@ -200,7 +212,7 @@ def trl_micro_batch(settings: TrainSettings, num_processes: int) -> int:
 def accumulation(settings: TrainSettings, num_processes: int) -> tuple[int, int]:
     """(gradient_accumulation_steps, steps_per_generation) for TRL (see the module docstring)."""
     per_step = settings.prompts_per_step * settings.num_generations
-    if settings.mini_batch == "groups" and settings.prompts_per_step % num_processes:
+    if settings.mini_batch.whole_groups and settings.prompts_per_step % num_processes:
         raise ValueError(f"train.mini_batch groups: train.prompts_per_step ({settings.prompts_per_step}) must be a "
                          f"multiple of the processes ({num_processes}), so that each holds whole prompt groups")
     micro = trl_micro_batch(settings, num_processes) * num_processes

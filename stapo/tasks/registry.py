@@ -6,7 +6,7 @@ Every benchmark yields rows ``{id, problem, answer}`` from the ``data_dir`` sour
   row counts and licenses in its README), so a fresh clone evaluates on the real problems offline;
 * ``"hub"``: the Hugging Face hub dataset (``hub_id``, ``hub_config``, ``hub_split``, with the field names mapped);
 * any other value: a directory holding ``<file>`` in the same jsonl format;
-* for ``arith``, always ``stapo.data.synthetic_arith_rows`` (the CPU miniature's synthetic benchmark).
+* for ``arith``, always ``stapo.tasks.problems.synthetic_arith_rows`` (the CPU miniature's synthetic benchmark).
 
 A study's own benchmark is data, not code: ``eval.benchmarks.<key>: {file: path.jsonl, label: ..., samples: N}``
 reads that file (whatever ``data_dir`` says) through the one generic task ``stapo_file``; a shipped benchmark
@@ -14,7 +14,7 @@ given a ``file`` reads it instead of its own.
 
 The loader warns when the row count differs from ``expected_rows`` (OlympiadBench: JustRL's 674 or the original 675).
 lm-eval reaches this module through ``custom_dataset`` (named by the task YAMLs), which also renders the training
-prompt (``stapo.data.build_prompt`` with the model's tokenizer) into a ``prompt`` column.
+prompt (``stapo.tasks.problems.build_prompt`` with the model's tokenizer) into a ``prompt`` column.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from functools import lru_cache
 from dataclasses import dataclass
 from pathlib import Path
 
-from stapo.data import build_prompt, synthetic_arith_rows
-from stapo.grading import grade
-from stapo.jsonl import jsonl_records
+from stapo.tasks.problems import DEFAULT_EVAL_PROTOCOL, EvalProtocol, build_prompt, synthetic_arith_rows
+from stapo.tasks.grading import grade
+from stapo.core.jsonl import jsonl_records
 
 __all__ = ["Benchmark", "BENCHMARKS", "SETTINGS", "TASKS_DIR", "BUNDLED_DATA_DIR", "HUB", "load_rows",
            "read_benchmark_file",
@@ -118,7 +118,7 @@ def read_benchmark_file(path: Path) -> list[dict]:
     """
     rows, first_line = [], {}
     try:
-        records = jsonl_records(path)  # stapo.jsonl's policy: every line a JSON object (a JsonlError: a ValueError)
+        records = jsonl_records(path)  # stapo.core.jsonl: every line a JSON object (a JsonlError: a ValueError)
     except OSError as err:
         raise ValueError(f"{path}: cannot read benchmark file ({err.strerror})") from None
     for line_no, _, row in records:
@@ -206,11 +206,12 @@ def _tokenizer(spec: str | None):
 
 def custom_dataset(benchmark: str, data_dir: str | None = None, tokenizer: str | None = None,
                    pretrained: str | None = None, arith: dict | None = None, file: str | None = None,
-                   name: str | None = None, protocol: str = "justrl", worked_example: dict | None = None, **_):
+                   name: str | None = None, protocol: str = DEFAULT_EVAL_PROTOCOL.value,
+                   worked_example: dict | None = None, **_):
     """lm-eval ``custom_dataset`` hook: a DatasetDict with a ``test`` split and the rendered ``prompt`` column.
 
     lm-eval passes the task metadata (``stapo eval`` puts ``data_dir`` and ``tokenizer`` there, and for a study's
-    own benchmark its ``name`` and ``file``, ``protocol``: eval.protocol, the prompt's style, stapo.data, and
+    own benchmark its ``name`` and ``file``, ``protocol``: eval.protocol, the prompt's style, stapo.tasks.problems, and
     ``worked_example``: eval.worked_example;
     lm-eval's own CLI passes ``pretrained`` from ``--model_args``) and the
     task's ``dataset_kwargs`` (``benchmark``: the shipped benchmark's key, or ``file`` for the generic task).
@@ -225,7 +226,7 @@ def custom_dataset(benchmark: str, data_dir: str | None = None, tokenizer: str |
         rows = load_rows(benchmark, data_dir, **(arith or {}))
     tok = _tokenizer(tokenizer or pretrained)
     for row in rows:
-        row["prompt"] = build_prompt(row["problem"], tok, protocol, worked_example)
+        row["prompt"] = build_prompt(row["problem"], tok, EvalProtocol(protocol), worked_example)
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
 
 

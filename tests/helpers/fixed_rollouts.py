@@ -38,9 +38,9 @@ from accelerate.utils import DistributedType  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
 from stapo import cli  # noqa: E402
-from stapo.rundir import CheckpointSentinel  # noqa: E402
-from stapo.rewards import REWARDS  # noqa: E402
-from stapo.trainer import Normaliser, StapoGRPOTrainer  # noqa: E402
+from stapo.train.rundir import CheckpointSentinel  # noqa: E402
+from stapo.tasks.rewards import REWARDS  # noqa: E402
+from stapo.train.trainer import Normaliser, StapoGRPOTrainer  # noqa: E402
 
 
 def fixed_completions(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):

@@ -1,6 +1,6 @@
 """Per-token statistics of a categorical policy from its logits, in bounded memory (a test and benchmark helper).
 
-The trainer takes log-probs and entropies from TRL and ``stapo.diagnostics`` computes collision probabilities
+The trainer takes log-probs and entropies from TRL and ``stapo.train.diagnostics`` computes collision probabilities
 itself; this chunked kernel and its naive reference serve tests/test_diagnostics.py (per-token statistics of known
 logits) and benchmarks/bench_objectives.py (memory of chunked vs naive statistics). Imported as
 ``helpers.tokenstats`` (pytest puts tests/ on sys.path).

@@ -9,10 +9,10 @@ import json
 
 import yaml
 
-from stapo.atomic import atomic_write
-from stapo.names import BASE
-from stapo import driver as stapo_driver
-from stapo import launch as stapo_launch
+from stapo.core.atomic import atomic_write
+from stapo.study.names import BASE
+from stapo.core import driver as stapo_driver
+from stapo.core import launch as stapo_launch
 from stapo import study as stapo_study  # not `parse` itself: the Snakefile namespace has its own
 
 # The config files that make the study: with --configfile, the first is the study and later ones overlay it
@@ -40,7 +40,7 @@ def check_profile_variables():
 check_profile_variables()
 
 # Every job's `stapo` watches this process (the driver, or the SLURM job step that runs the job: it parses this
-# file again) and stops when it is gone, instead of training on orphaned (stapo.driver).
+# file again) and stops when it is gone, instead of training on orphaned (stapo.core.driver).
 os.environ[stapo_driver.ENV] = stapo_driver.identity()
 
 try:  # the whole study, as `stapo train` / `stapo eval` check it (stapo.study.parse), before any job
@@ -206,7 +206,7 @@ def eval_gpus(wildcards):
 
 def train_launcher(wildcards):
     """`stapo` on one device; `accelerate launch` (its accelerate config: FSDP2 or DeepSpeed) on several GPUs; on
-    several nodes srun + one `accelerate launch --num_machines N` per node (stapo.launch), under SLURM only."""
+    several nodes srun + one `accelerate launch --num_machines N` per node (stapo.core.launch), under SLURM only."""
     entry = STUDY.models[wildcards.model]
     executor = getattr(workflow.executor_plugin, "name", None)
     if entry.nodes > 1 and executor == "local":

@@ -34,7 +34,7 @@ rule train:
 
 
 # A model of several nodes (models.<key>.nodes > 1, SLURM only): the same job as one srun step per node
-# (stapo.launch). `mpi` makes the SLURM job step run the shell line itself instead of wrapping it in `srun -n1`;
+# (stapo.core.launch). `mpi` makes the SLURM job step run the shell line itself instead of wrapping it in `srun -n1`;
 # the plugin then asks for --nodes N --ntasks N (one task per node) and the job's --gpus N x gpus.
 use rule train as train_nodes with:
     wildcard_constraints:

@@ -1,0 +1,110 @@
+"""The related methods' own per-token losses, registered in stapo.losses.registry's ``POLICY_LOSSES`` and
+aggregated by stapo.losses.policy's ``policy_loss`` as every method's; each equal to verl 0.9.1's function
+(tests/test_related_methods.py):
+
+    clip_cov   PPO-clip, the gradient of a random r·n of the tokens with covariance in (lb, ub) detached (ℓ × 0,
+               still counted in the denominator)                               (arXiv 2505.22617)
+    kl_cov     −Âρ (no clip) + β|log ρ| on the top k·n tokens by covariance   (arXiv 2505.22617)
+    gspo       PPO-clip on the length-normalised sequence ratio               (arXiv 2507.18071)
+    cispo      −sg(clip(ρ)) Â log π                                           (arXiv 2506.13585)
+with covariance (Â − mean Â)(log π − mean log π) over the call's completion tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from stapo.losses.registry import PerToken, register_policy_loss
+from stapo.losses.config import ObjectiveConfig
+
+__all__ = ["clip_cov_loss", "kl_cov_loss", "gspo_loss", "cispo_loss"]
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Σ values over ``mask`` / (Σ mask + 1e-8), as verl's ``masked_mean``."""
+    return torch.where(mask, values, 0.0).sum() / (mask.sum() + 1e-8)
+
+
+def _ppo_terms(cfg: ObjectiveConfig, logps: Tensor, old_logps: Tensor, advantages: Tensor):
+    """Unclamped ratio ρ and the two PPO branches −Âρ, −Â·clip(ρ) [B, T] (verl's Clip-Cov: no log-ratio clamp)."""
+    ratio = torch.exp(logps.float() - old_logps.float())
+    adv = advantages.float().unsqueeze(-1).expand_as(ratio)
+    return ratio, adv, -adv * ratio, -adv * torch.clamp(ratio, 1 - cfg.eps_low, 1 + cfg.eps_high)
+
+
+@register_policy_loss("clip_cov")
+def clip_cov_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, advantages: Tensor,
+                  completion_mask: Tensor, generator: torch.Generator | None = None, **_) -> PerToken:
+    """Clip-Cov (arXiv 2505.22617; verl 0.9.1 ``compute_policy_loss_clip_cov``): the PPO-clip loss, with the gradient
+    of max(1, ⌊r·n⌋) tokens detached (ℓ × 0), drawn at random among the unclipped completion tokens whose
+    covariance (Â − mean Â)(log π − mean log π) lies in (lb, ub); n = the call's completion tokens. The detached
+    tokens stay in the denominator. Random choice: ``generator`` (default: seeded from ``cfg.seed``)."""
+    m = completion_mask
+    ratio, adv, loss1, loss2 = _ppo_terms(cfg, logps, old_logps, advantages)
+    lp = logps.float()
+    with torch.no_grad():
+        cov = (adv - _masked_mean(adv, m)) * (lp - _masked_mean(lp, m))
+        eligible = m & ~(loss2 > loss1) & (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)
+        idx = eligible.nonzero()
+        corr = torch.ones_like(ratio)
+        if len(idx):
+            gen = torch.Generator().manual_seed(cfg.seed) if generator is None else generator
+            perm = torch.randperm(len(idx), generator=gen).to(idx.device)
+            pick = idx[perm[: max(int(cfg.clip_cov_ratio * int(m.sum())), 1)]]
+            corr[pick[:, 0], pick[:, 1]] = 0
+    return PerToken(torch.maximum(loss1, loss2) * corr, ratio.detach(), torch.zeros_like(m), corr == 0)
+
+
+@register_policy_loss("kl_cov")
+def kl_cov_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, advantages: Tensor,
+                completion_mask: Tensor, **_) -> PerToken:
+    """KL-Cov (arXiv 2505.22617; verl 0.9.1 ``compute_policy_loss_kl_cov``): the unclipped surrogate −Âρ, plus
+    β·|log ρ| on the max(1, ⌊k·n⌋) completion tokens of largest covariance (Â − mean Â)(log π − mean log π) of the
+    call (β = ppo_kl_coef, k = kl_cov_ratio). No ratio clip, as verl's."""
+    log_ratio = logps.float() - old_logps.float()
+    ratio = torch.exp(log_ratio)
+    adv = advantages.float().unsqueeze(-1).expand_as(ratio)
+    loss = -adv * ratio
+    with torch.no_grad():
+        valid = completion_mask.flatten().nonzero().squeeze(-1)
+        penalised = torch.zeros_like(completion_mask).flatten()
+        if valid.numel():
+            a, lp = adv.flatten()[valid], logps.detach().float().flatten()[valid]
+            cov = (a - a.mean()) * (lp - lp.mean())
+            k = max(1, int(valid.numel() * cfg.kl_cov_ratio))
+            penalised[valid[torch.topk(cov, k, largest=True).indices]] = True
+    loss = torch.where(penalised.view_as(loss), -adv * ratio + cfg.ppo_kl_coef * log_ratio.abs(), loss)
+    return PerToken(loss, ratio.detach(), torch.zeros_like(completion_mask), None)
+
+
+GSPO_LOG_RATIO_MAX = 10.0  # verl clamps the sequence log-ratio from above only, at 10
+
+
+@register_policy_loss("gspo")
+def gspo_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, advantages: Tensor,
+              completion_mask: Tensor, **_) -> PerToken:
+    """GSPO (arXiv 2507.18071 Eq. 7; verl 0.9.1 ``compute_policy_loss_gspo``; TRL importance_sampling_level=
+    "sequence"): the PPO-clip loss on the length-normalised sequence ratio s_i = exp(mean_t log ρ_it), whose
+    gradient flows per token as s_it = sg(s_i) · π_θ(y_t) / sg(π_θ(y_t)); log s_it ≤ 10. No dual clip."""
+    lp = logps.float()
+    log_ratio = lp - old_logps.float()
+    seq = torch.sum(log_ratio * completion_mask, dim=-1) / completion_mask.sum(-1).clamp(min=1)
+    log_s = torch.clamp(lp - lp.detach() + seq.detach().unsqueeze(-1), max=GSPO_LOG_RATIO_MAX)
+    s = torch.exp(log_s)
+    adv = advantages.float().unsqueeze(-1).expand_as(s)
+    loss = torch.maximum(-adv * s, -adv * torch.clamp(s, 1 - cfg.eps_low, 1 + cfg.eps_high))
+    return PerToken(loss, s.detach(), torch.zeros_like(completion_mask), None)
+
+
+@register_policy_loss("cispo")
+def cispo_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, advantages: Tensor,
+               completion_mask: Tensor, **_) -> PerToken:
+    """CISPO (arXiv 2506.13585 Eq. 4; verl 0.9.1 ``compute_policy_loss_cispo``; TRL loss_type="cispo"):
+    ℓ = −sg(clip(ρ, 1 − ε_low, 1 + ε_high)) · Â · log π_θ(y_t): every token keeps its gradient, weighted by the
+    clipped importance ratio (log ρ clamped to ±log_ratio_clip)."""
+    lp = logps.float()
+    ratio = torch.exp(torch.clamp(lp - old_logps.float(), -cfg.log_ratio_clip, cfg.log_ratio_clip))
+    weight = torch.clamp(ratio, 1 - cfg.eps_low, 1 + cfg.eps_high).detach()
+    adv = advantages.float().unsqueeze(-1).expand_as(lp)
+    return PerToken(-weight * adv * lp, ratio.detach(), torch.zeros_like(completion_mask), None)
