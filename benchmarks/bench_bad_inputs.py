@@ -408,9 +408,6 @@ def run_case(case: Case, work: Path, cwd: Path = REPO) -> dict:
 
 # imported by a stage (the trainer, lm-eval, vLLM) and never needed to refuse a bad input
 HEAVY_MODULES = ("torch", "transformers", "trl", "accelerate", "datasets", "lm_eval", "vllm")
-# the cases refused after a heavy import, and why (each a known exception, not a model load)
-LATE_IMPORTS = {"eval: corrupt generation cache": {"lm_eval"}}  # the cache class lives in stapo.eval.generation, whose
-# ResumableLM subclasses lm-eval's LM: ~0.5 s of lm_eval.api, no torch, no model
 IN_PROCESS = ("stapo", "vllm_settings")  # the entries whose main() this process can call; snakemake stays a process
 
 
@@ -510,7 +507,7 @@ def _run_measured(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str, 
 def ok(result: dict, case: Case | None = None) -> bool:
     bounded = case is None or not case.bounded or (result["peak_mb"] <= MAX_PEAK_MB and not result["wrote"])
     return (result["rc"] != 0 and len(result["lines"]) == 1 and not result["missing"] and not result["traceback"]
-            and bounded and set(result.get("heavy") or ()) <= LATE_IMPORTS.get(result["name"], set()))
+            and bounded and not result.get("heavy"))
 
 
 class Holders:

@@ -9,7 +9,7 @@ import torch
 
 from stapo.losses.aggregation import (DeepSpeedTokenMean, MicroBatchTokenMean, SeqMeanTokenMean, TokenMean,
                                       aggregation)
-from stapo.losses.config import AggMode
+from stapo.study.objective import AggMode
 
 # two completions of 3 and 1 kept tokens (masked per-token losses 1, 2, 3 | 4; the rest 0)
 MASKED = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0]])

@@ -58,7 +58,7 @@ def test_bad_input_is_one_line_naming_the_culprit(work, batch, case):
     if case.bounded:  # refused before anything is sized from the input, and nothing written
         assert result["peak_mb"] <= bad.MAX_PEAK_MB and not result["wrote"], result
     if case.entry in bad.IN_PROCESS:  # before any heavy import (peak_mb: the batch's running peak, a stricter bound)
-        assert set(result["heavy"]) <= bad.LATE_IMPORTS.get(case.name, set()), result["heavy"]
+        assert result["heavy"] == [], result["heavy"]
 
 
 def test_the_batch_sees_a_heavy_import_and_a_traceback(work, monkeypatch):

@@ -109,7 +109,7 @@ def test_protocol_comes_from_the_recipe_and_keys_the_generation_cache(tmp_path):
     assert (harness.protocol, justrl.protocol) == ("harness", "justrl")
     ids = [generation_identity(c, str(tmp_path)) for c in (harness, justrl)]
     assert ids[0]["protocol"] == "harness" and ids[0] != ids[1]  # a different prompt never reuses completions
-    with pytest.raises(ValueError, match=r"eval.protocol: 'verl'; expected one of \['justrl', 'harness'\]"):
+    with pytest.raises(ValueError, match=r"eval.protocol: unknown value 'verl'; expected one of \['justrl', 'harness'"):
         EvalSection.from_dict({"protocol": "verl"})  # the dataclass checks it too (not only the schema)
     recipe.write_text("eval: {backend: hf, protocol: verl}\n")
     with pytest.raises(StudyError, match=r"eval.protocol: 'verl' is not one of \['justrl', 'harness'\]"):

@@ -117,7 +117,7 @@ def test_options_with_behaviour_are_choices_compared_nowhere_by_their_strings():
     import re
     from pathlib import Path
 
-    from stapo.losses.config import AggMode, ObjectiveConfig, QuantileScope
+    from stapo.study.objective import AggMode, ObjectiveConfig, QuantileScope
     from stapo.study.evaluation import Backend, EvalSection
     from stapo.study.train import MiniBatch, TrainSettings
     from stapo.tasks.problems import EvalProtocol, TrainPrompt

@@ -22,9 +22,9 @@ from stapo.losses.masks import (
 from stapo.losses.aggregation import aggregation
 from stapo.losses.policy import policy_loss
 from stapo.losses.registry import POLICY_LOSSES, THRESHOLDS, TOKEN_MASKS, Thresholds
-from stapo.losses.methods import METHODS as DECLARED
+from stapo.study.methods import METHODS as DECLARED
 from stapo.study import OBJECTIVES as METHODS, ObjectiveConfig, get_objective
-from stapo.losses.config import AGG_MODES, SCOPES
+from stapo.study.objective import AGG_MODES, SCOPES
 
 
 def _inputs(logps, advantages, mask, entropies=None, old_logps=None):
@@ -658,7 +658,7 @@ def _gradient_contract(cfg, decl, x, real, *, live_required):
 
 @pytest.mark.parametrize("method", list(DECLARED))
 def test_every_declared_method_keeps_its_contract(method):
-    """Runs over stapo/losses/methods.py: a new declaration is checked here without editing this test."""
+    """Runs over stapo/study/methods.py: a new declaration is checked here without editing this test."""
     decl, cfg = DECLARED[method], get_objective(method)
     assert decl.token_mask in TOKEN_MASKS, f"{method}: token mask {decl.token_mask!r} is not registered"
     assert decl.thresholds is None or decl.thresholds in THRESHOLDS
@@ -693,23 +693,23 @@ def test_every_declared_method_keeps_its_contract(method):
 
 def test_a_new_method_is_one_declaration_and_its_mask(monkeypatch):
     """README "Add a method": low-probability isolation (drop positive-advantage tokens with π < 0.1)."""
-    import stapo.losses.methods
+    import stapo.study.methods
     import stapo.losses.registry as obj
     from stapo.study import names
     from stapo import study
 
-    monkeypatch.setattr(stapo.losses.methods, "METHODS", dict(stapo.losses.methods.METHODS))
+    monkeypatch.setattr(stapo.study.methods, "METHODS", dict(stapo.study.methods.METHODS))
     monkeypatch.setattr(obj, "TOKEN_MASKS", dict(obj.TOKEN_MASKS))
-    import stapo.losses.config as objective_module
+    import stapo.study.objective as objective_module
 
-    monkeypatch.setattr(objective_module, "METHODS", stapo.losses.methods.METHODS)
+    monkeypatch.setattr(objective_module, "METHODS", stapo.study.methods.METHODS)
 
     @obj.register_token_mask("low_prob_positive")
     def low_prob_positive(cfg, *, logps, advantages, completion_mask, **_):
         drop = completion_mask & (advantages > 0).unsqueeze(-1) & (logps.detach().exp() < 0.1)
         return completion_mask & ~drop, drop
 
-    stapo.losses.methods.declare("lpi", label="Low-p isolation", token_mask="low_prob_positive")
+    stapo.study.methods.declare("lpi", label="Low-p isolation", token_mask="low_prob_positive")
     parsed = study.parse({"study": "s", "methods": {"lpi": {"objective": "lpi"},
                                                      "lpi_b": {"objective": "lpi", "label": "LPI (b)"}}},
                          required=())
@@ -855,7 +855,7 @@ def test_aggregation_and_scope_are_enums_with_their_behaviour():
 
     import yaml
 
-    from stapo.losses.config import AggMode, QuantileScope
+    from stapo.study.objective import AggMode, QuantileScope
 
     cfg = _local_topk("entropy20")
     assert cfg.loss_agg_mode is AggMode.TOKEN_MEAN_PER_MICRO_BATCH

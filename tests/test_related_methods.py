@@ -227,12 +227,12 @@ def test_clip_cov_detached_tokens_stay_in_the_denominator():
 def test_a_new_loss_is_one_declaration_and_its_function(monkeypatch):
     """README "Add a method", the loss kind: a REINFORCE loss −Â·log π, declared and registered, trains through
     policy_loss with the shared aggregation."""
-    import stapo.losses.methods
-    import stapo.losses.config as objective_module
+    import stapo.study.methods
+    import stapo.study.objective as objective_module
     from stapo import study
 
-    monkeypatch.setattr(stapo.losses.methods, "METHODS", dict(stapo.losses.methods.METHODS))
-    monkeypatch.setattr(objective_module, "METHODS", stapo.losses.methods.METHODS)
+    monkeypatch.setattr(stapo.study.methods, "METHODS", dict(stapo.study.methods.METHODS))
+    monkeypatch.setattr(objective_module, "METHODS", stapo.study.methods.METHODS)
     monkeypatch.setattr("stapo.losses.registry.POLICY_LOSSES", dict(POLICY_LOSSES))
 
     @register_policy_loss("reinforce")
@@ -240,7 +240,7 @@ def test_a_new_loss_is_one_declaration_and_its_function(monkeypatch):
         loss = -advantages.float().unsqueeze(-1) * logps.float()
         return vanilla_loss(cfg, logps=logps, old_logps=old_logps, advantages=advantages)._replace(loss=loss)
 
-    stapo.losses.methods.declare("reinforce", label="REINFORCE", loss="reinforce")
+    stapo.study.methods.declare("reinforce", label="REINFORCE", loss="reinforce")
     cfg = study.parse({"study": "s", "methods": {"rf": {"objective": "reinforce"}}}, required=()).methods["rf"]
     x = _inputs(2, 3, 0, 0.0)
     x["completion_mask"] = torch.ones(2, 3, dtype=torch.int)

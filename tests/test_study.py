@@ -23,7 +23,7 @@ from stapo.core import fields
 from stapo.study import names
 from stapo.models import PAPER_MODELS
 from stapo.study.evaluation import BenchmarkEntry
-from stapo.losses.methods import METHODS
+from stapo.study.methods import METHODS
 from stapo.tasks import registry
 
 from helpers.snakemake_batch import dry_runs

@@ -21,7 +21,7 @@ from stapo.core.errors import UserError
 from stapo.losses.aggregation import aggregation
 from stapo.study.train import trl_micro_batch
 from stapo.train import layout, trl_config
-from stapo.losses.methods import METHODS as DECLARED_METHODS
+from stapo.study.methods import METHODS as DECLARED_METHODS
 from stapo.train import rundir
 from stapo import study
 from stapo.losses.policy import policy_loss

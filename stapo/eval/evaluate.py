@@ -44,7 +44,6 @@ import os
 import sqlite3
 import tempfile
 import time
-from typing import TYPE_CHECKING
 from pathlib import Path
 
 from stapo.core import manifest
@@ -55,14 +54,12 @@ from stapo.core.errors import UserError
 from stapo.core.limits import BOUNDS, check_bound
 from stapo.core.lock import Busy, output_lock, run_lock
 from stapo.core.manifest import COMPLETE, FINAL_COMPLETE
+from stapo.eval.cache import GenerationCache, cache_path
 from stapo.tasks.grading import grade
 from stapo.models import check_spec, resolve_model
 from stapo.eval.scoring import build_records, samples_file_digest, summarize
 from stapo.study.evaluation import VERIFIER_DEFAULTS, Backend, EvalConfig, EvalSection
 from stapo.tasks.registry import BENCHMARKS, SETTINGS, _tokenizer, benchmark_file, read_benchmark_file
-
-if TYPE_CHECKING:  # stapo.eval.generation imports lm-eval: loaded only once the inputs have passed
-    from stapo.eval.generation import GenerationCache
 
 __all__ = ["add_arguments", "run", "EvalInputError", "load_eval_section", "resolve_config", "preflight",
            "grade_records", "summary_path", "check_model"]
@@ -304,7 +301,6 @@ def preflight(cfg: EvalConfig, out: Path) -> GenerationCache:
     _check_benchmark_data(cfg)
     _check_writable(out)
     _check_verifier(cfg)
-    from stapo.eval.generation import GenerationCache, cache_path  # lm-eval: imported once the inputs are checked
 
     cache = cache_path(out)
     try:
@@ -353,13 +349,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace, cfg: EvalConfig, out: Path) -> int:
-    from stapo.eval.generation import generate, weights_sha256, with_stop_tokens
-    from stapo.core.provenance import package_versions
-    from stapo.eval.verifier import apply_verifier
-
-    store = preflight(cfg, out)  # before any model loads: bad inputs fail in seconds
+    store = preflight(cfg, out)  # before any model loads, and before lm-eval is imported: bad inputs fail in seconds
     try:
         known = check_model(args.model)  # reads a checkpoint in full (its SHA-256s)
+        from stapo.core.provenance import package_versions
+        from stapo.eval.generation import generate, weights_sha256, with_stop_tokens  # lm-eval, once all is checked
+        from stapo.eval.verifier import apply_verifier
+
         cfg = check_backend(cfg, args)  # the last check before a model loads
         model_path = resolve_model(args.model)
         tokenizer = _tokenizer(model_path)

@@ -19,11 +19,11 @@ import hashlib
 import json
 import logging
 import os
-import sqlite3
 from collections import Counter, deque
 from pathlib import Path
 
 from stapo.core.manifest import digests, model_files
+from stapo.eval.cache import GenerationCache, cache_path
 from stapo.models import end_of_turn_token_ids, end_of_turn_tokens
 from stapo.study.evaluation import Backend, EvalConfig
 from stapo.tasks.registry import TASKS_DIR, task_name
@@ -38,10 +38,6 @@ log = logging.getLogger("stapo.eval")
 MAX_PROMPT_TOKENS = 1024  # paper: max prompt length 1k
 CHUNK_REQUESTS = {Backend.HF: 16, Backend.VLLM: 2048}  # requests generated between two cache commits
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")  # not their index (.json)
-
-
-def cache_path(out: Path) -> Path:
-    return out.with_name(out.name + ".cache.sqlite")
 
 
 def model_fingerprint(model_path: str, known: dict[str, str] | None = None) -> str:
@@ -103,31 +99,6 @@ def weights_fingerprint(model_path: str, known: dict[str, str] | None = None) ->
     if not found:
         return model_path
     return "sha256:" + hashlib.sha256(json.dumps(sorted(found.items())).encode()).hexdigest()
-
-
-class GenerationCache:
-    """sqlite key -> completion text, committed after every chunk (survives a kill)."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(path))
-        self.db.execute("CREATE TABLE IF NOT EXISTS gen (key TEXT PRIMARY KEY, text TEXT NOT NULL)")
-        self.db.commit()
-
-    def get_many(self, keys: list[str]) -> dict[str, str]:
-        found = {}
-        for i in range(0, len(keys), 500):
-            part = keys[i : i + 500]
-            q = f"SELECT key, text FROM gen WHERE key IN ({','.join('?' * len(part))})"
-            found.update(self.db.execute(q, part).fetchall())
-        return found
-
-    def put_many(self, items: list[tuple[str, str]]) -> None:
-        self.db.executemany("INSERT OR REPLACE INTO gen VALUES (?, ?)", items)
-        self.db.commit()
-
-    def close(self) -> None:
-        self.db.close()
 
 
 def _lm_base():

@@ -1,8 +1,7 @@
-"""The policy losses: pure functions of tensors (no TRL import), the heart of the paper.
+"""The policy losses: pure functions of tensors (no TRL import), the heart of the paper. What a method is and its
+hyper-parameters are the study's (torch-free, checked before torch loads): stapo/study/methods.py (one declaration
+per method: token mask, loss, defaults) and stapo/study/objective.py (ObjectiveConfig, AggMode, QuantileScope).
 
-    methods.py      the methods a study can train, one declaration each (token mask, loss, defaults)
-    config.py       ObjectiveConfig (a method's hyper-parameters), AggMode, QuantileScope (no torch: studies are
-                    checked before it loads)
     registry.py     the registries of token masks, threshold functions and per-token losses, and their types
     masks.py        the token masks (S2T, 20-Entropy, the ablations) and the entropy thresholds they read
     policy.py       policy_loss, the one entry point of every method; verl's clipped surrogate with dual clip, k3 KL

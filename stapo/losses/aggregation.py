@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from stapo.losses.config import AggMode
+from stapo.study.objective import AggMode
 
 __all__ = ["Aggregator", "TokenMean", "DeepSpeedTokenMean", "MicroBatchTokenMean", "SeqMeanTokenMean",
            "aggregation"]

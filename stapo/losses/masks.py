@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from stapo.losses.config import ObjectiveConfig
+from stapo.study.objective import ObjectiveConfig
 from stapo.losses import registry
 from stapo.losses.registry import Thresholds, register_thresholds, register_token_mask
 
@@ -217,7 +217,7 @@ def ablation_silence_mask(
     raise ValueError(f"unknown S2T ablation {variant!r}; expected high, random or full")
 
 
-# The token masks of the declared methods (stapo/losses/methods.py). Each keeps completion tokens only.
+# The token masks of the declared methods (stapo/study/methods.py). Each keeps completion tokens only.
 
 @register_token_mask("all")
 def all_tokens(cfg: ObjectiveConfig, *, completion_mask: Tensor, **_) -> tuple[Tensor, Tensor]:

@@ -1,7 +1,7 @@
 """``policy_loss``: the loss of one micro-batch for any declared method, the one entry point every method goes
 through; and verl's clipped surrogate, the per-token loss of the paper's four methods.
 
-Each method's hyper-parameters are a ``stapo.losses.config.ObjectiveConfig`` (the study's ``methods`` section,
+Each method's hyper-parameters are a ``stapo.study.objective.ObjectiveConfig`` (the study's ``methods`` section,
 with the paper's defaults). No TRL import: the trainer passes TRL's per-token tensors in and back-propagates the loss.
 
 Shapes (B completions, T completion positions, right-padded):
@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from stapo.losses.aggregation import aggregation
-from stapo.losses.config import ObjectiveConfig
+from stapo.study.objective import ObjectiveConfig
 from stapo.losses.masks import candidate_mask, kept_mask
 from stapo.losses import registry
 from stapo.losses.registry import PerToken, Thresholds, register_policy_loss

@@ -1,6 +1,6 @@
 """The losses' registries (verl ``register_policy_loss`` style) and the types they exchange.
 
-A method's declaration (stapo/losses/methods.py) names one token mask, one per-token loss and, if its mask reads
+A method's declaration (stapo/study/methods.py) names one token mask, one per-token loss and, if its mask reads
 any, one threshold function, each registered here by the module that defines it (masks.py, policy.py, related.py;
 the package's __init__ imports those modules: the plug-in list). Uniform signatures, all tensors as keywords, shapes
 [B, T] (B completions, T completion positions) unless said:
@@ -26,7 +26,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from stapo.losses.config import ObjectiveConfig
+from stapo.study.objective import ObjectiveConfig
 
 __all__ = ["Thresholds", "PerToken", "ThresholdsFn", "TokenMaskFn", "PolicyLossFn", "THRESHOLDS", "TOKEN_MASKS",
            "POLICY_LOSSES", "register_thresholds", "register_token_mask", "register_policy_loss"]

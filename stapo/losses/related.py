@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from stapo.losses.registry import PerToken, register_policy_loss
-from stapo.losses.config import ObjectiveConfig
+from stapo.study.objective import ObjectiveConfig
 
 __all__ = ["clip_cov_loss", "kl_cov_loss", "gspo_loss", "cispo_loss"]
 

@@ -2,7 +2,7 @@
 its Ablations, the JustRL-FullMask probe, the spurious-token ratio across model sizes), pure series then drawing.
 
 Which methods a figure compares is read from the study's methods, never from their keys: each method's
-stapo.study.ObjectiveConfig gives its token mask (its declaration, stapo/losses/methods.py) and its hyper-parameters.
+stapo.study.ObjectiveConfig gives its token mask (its declaration, stapo/study/methods.py) and its hyper-parameters.
 Two methods share "the other parameters" when their ObjectiveConfig fields agree except ``method`` and ``seed`` (and the
 swept one). A method the report finds (runs/, scores/) but the study does not declare is its own objective, its key
 a declared method (stapo.study's rule for ``objective``). ``comparison_series`` returns a stapo.report.figures.Panel, as
@@ -41,7 +41,7 @@ from stapo.report.figures import (SILENCED_REFERENCE, STEP_LABEL, Panel, Series,
 smooth,
                            mark_identical, step_of, step_series)
 from stapo.study.names import BENCHMARKS
-from stapo.losses.config import OBJECTIVES
+from stapo.study.objective import OBJECTIVES
 
 __all__ = ["COMPARISON_KINDS", "STUDY_KINDS", "ENTROPY_STABILITY", "MASKS", "comparison_series",
            "entropy_instability", "masking_methods", "sweep_methods", "mean_ci"]

@@ -31,7 +31,7 @@ from stapo.report.seed_statistics import seed_cell
 __all__ = ["JsonlError", "JsonlRecord", "jsonl_records", "read_jsonl", "Score", "load_scores", "load_metrics",
            "load_paper", "load_run_protocols", "load_examples", "RUN_PROTOCOL_KEYS", "PAPER_CSV"]
 
-PAPER_CSV = Path(__file__).parent / "reference" / "paper_v2_table.csv"
+PAPER_CSV = Path(__file__).parents[1] / "reference" / "paper_v2_table.csv"
 
 
 # ---------------------------------------------------------------------------------------------- scores

@@ -6,7 +6,7 @@ A study has six sections, each a dataclass whose fields are documented where the
     models    key -> :class:`ModelEntry` (spec, GPUs, per-model ``train`` overrides, cluster resources)
     methods   key -> :class:`ObjectiveConfig` (stapo.losses' hyper-parameters; ``objective`` names the
     method;
-              stapo/losses/config.py), and the method's own ``train`` overrides (its recipe: the paper's baselines
+              stapo/study/objective.py), and the method's own ``train`` overrides (its recipe: the paper's baselines
               "follow the parameter settings reported in their original papers")
     train     :class:`TrainSettings`, the shared RL recipe (stapo/study/train.py)
     eval      :class:`EvalSection`, the evaluation protocol (stapo/study/evaluation.py)
@@ -28,7 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stapo.study.evaluation import EvalSection
-from stapo.losses.config import OBJECTIVES, ObjectiveConfig, get_objective
+from stapo.study.objective import OBJECTIVES, ObjectiveConfig, get_objective
 from stapo.study.read import (TRAIN_SECTIONS, check_schema, curve_checkpoints, default, kept_checkpoints, load, parse,
                               read, resolve_plan)
 from stapo.study.schema import SECTIONS, study_schema

@@ -1,6 +1,6 @@
 """The names a study uses: key -> display label -> the paper table's key.
 
-Methods and benchmarks are declared once, where they are defined (stapo/losses/methods.py, stapo.tasks.registry); this
+Methods and benchmarks are declared once, where they are defined (stapo/study/methods.py, stapo.tasks.registry); this
 module derives their names from those declarations and adds the models and sampling settings of the paper. The
 study schema's name enums (stapo.study.check_schema fills them from here), the report's labels and its lookup of
 the paper's numbers (``stapo/reference/paper_v2_table.csv``, keyed by ``Name.paper``) read this module. A study
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stapo.losses.methods import METHODS as _DECLARED_METHODS
+from stapo.study.methods import METHODS as _DECLARED_METHODS
 from stapo.tasks.registry import BENCHMARKS as _DECLARED_BENCHMARKS
 
 __all__ = ["Name", "MODELS", "METHODS", "MAIN_METHODS", "BASE", "BENCHMARKS", "PAPER_BENCHMARKS", "SETTINGS",

@@ -13,7 +13,7 @@ from stapo.core.fields import check_keys, from_mapping
 from stapo.core.limits import MAX_CURVE_POINTS, MAX_YAML_BYTES, check_tree
 from stapo.core.schedule import optimizer_steps_per_rollout
 from stapo.study.evaluation import EvalSection
-from stapo.losses.config import ObjectiveConfig, get_objective
+from stapo.study.objective import ObjectiveConfig, get_objective
 from stapo.study.schema import SECTIONS, study_schema
 from stapo.study.sections import ModelEntry, Plan, Study, StudyError, WorkflowSection, _checked, check_model_spec
 from stapo.study.train import TrainSettings, accumulation, train_settings

@@ -1,5 +1,5 @@
 """The JSON schema of a study file, generated from the section dataclasses (stapo.core.fields): their keys, types, enums
-and descriptions are declared once, on the fields. The name enums come from the declarations (stapo/losses/methods.py),
+and descriptions are declared once, on the fields. The name enums come from the declarations (stapo/study/methods.py),
 the numeric bounds from stapo.core.limits. ``stapo schema`` prints it as YAML; workflow/schemas/
 config.schema.yaml is that output (tests/test_study.py keeps the two equal), for readers of the workflow catalog.
 """
@@ -13,9 +13,9 @@ import yaml
 from stapo.study import names
 from stapo.core.fields import schema_of
 from stapo.core.limits import BOUNDS, MAX_SEEDS
-from stapo.losses import methods as declared  # read at call time: a method declared later is in the enum
+from stapo.study import methods as declared  # read at call time: a method declared later is in the enum
 from stapo.study.evaluation import BenchmarkEntry, EvalSection
-from stapo.losses.config import ObjectiveConfig
+from stapo.study.objective import ObjectiveConfig
 from stapo.study.sections import KEY_PATTERN, KEY_RULE, ModelEntry, WorkflowSection
 from stapo.study.train import TrainSettings
 
@@ -41,7 +41,7 @@ def _methods() -> dict:
     entry = schema_of(ObjectiveConfig, drop={"method"}, required=["objective"])
     entry["properties"] = {
         "objective": {"type": "string", "enum": list(declared.METHODS),
-                      "description": "a declared method (stapo/losses/methods.py): its mask or loss and its defaults; "
+                      "description": "a declared method (stapo/study/methods.py): its mask or loss and its defaults; "
                                      + ", ".join(f"{k} ({m.label})" for k, m in declared.METHODS.items())},
         "label": {"type": "string", "minLength": 1, "description": "what tables and figures show (default: the "
                   "method's)"},

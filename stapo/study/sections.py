@@ -13,7 +13,7 @@ from stapo.core.errors import UserError
 from stapo.core.fields import option
 from stapo.models import check_spec
 from stapo.study.evaluation import EvalSection
-from stapo.losses.config import ObjectiveConfig
+from stapo.study.objective import ObjectiveConfig
 from stapo.study.train import TrainSettings, train_settings
 
 __all__ = ["StudyError", "ModelEntry", "WorkflowSection", "Plan", "Study", "split_run", "KEY_PATTERN", "KEY_RULE"]

@@ -2,7 +2,7 @@
 the paper's defaults.
 
 The methods, their token masks or own losses, whether those read entropy thresholds, and their paper defaults are
-declared in stapo/losses/methods.py (one declaration each); ``OBJECTIVES`` are those defaults as configs. The math
+declared in stapo/study/methods.py (one declaration each); ``OBJECTIVES`` are those defaults as configs. The math
 is in stapo.losses.masks and stapo.losses.policy; this module has no torch import (configs are checked before it
 loads).
 
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, fields
 from enum import Enum
 
 from stapo.core.fields import Choice, check_fields, option
-from stapo.losses.methods import METHODS
+from stapo.study.methods import METHODS
 
 __all__ = ["AggMode", "QuantileScope", "ObjectiveConfig", "OBJECTIVES", "AGG_MODES", "SCOPES", "get_objective"]
 
@@ -84,7 +84,7 @@ class ObjectiveConfig:
     """Hyper-parameters of one policy objective; each field's documentation is its ``metadata["help"]`` (TRL
     style: the study schema's descriptions are generated from it). Ranges are checked in ``__post_init__``."""
 
-    method: str = option(help="A declared method (stapo/losses/methods.py, one declaration each: its token mask, its "
+    method: str = option(help="A declared method (stapo/study/methods.py, one declaration each: its token mask, its "
                               "loss, its paper defaults); the study schema's ``objective`` lists them with their "
                               "labels (`stapo schema`).")
     eps_low: float = option(0.2, "Lower clip ε_low; the ratio is clipped at 1 − ε_low (paper: 0.2; 1.0 = no lower "
@@ -111,13 +111,13 @@ class ObjectiveConfig:
         "whole step's kept tokens on all ranks are one denominator, verl 0.9.1's engine workers), "
         "token-mean-per-micro-batch (verl 0.4.0, JustRL's own trainer: each micro-batch's own token-mean weighted "
         "by its share of the rank's sequences; TRL's bnpo), seq-mean-token-mean (GRPO, GSPO: mean over completions "
-        "of each completion's token-mean). See stapo.losses.config.AggMode."))
+        "of each completion's token-mean). See stapo.study.objective.AggMode."))
     quantile_scope: QuantileScope = option(QuantileScope.MINI_BATCH, (
         "Where the entropy thresholds of entropy20 / stapo (and its ablations) are taken: mini_batch (default, "
         "paper: once per optimiser step over all its completions on all ranks, from π_old), micro_batch (per "
         "micro-batch, gathered across ranks; TRL's top_entropy_quantile), micro_batch_local_topk (the 80/20 "
         "release, arXiv 2506.01939: per micro-batch on one rank; requires loss_agg_mode "
-        "token-mean-per-micro-batch). See stapo.losses.config.QuantileScope."))
+        "token-mean-per-micro-batch). See stapo.study.objective.QuantileScope."))
     clip_cov_ratio: float = option(0.0002, "Clip-Cov: the fraction of a micro-batch's tokens whose gradient is "
                                           "detached, among those with covariance in (clip_cov_lb, clip_cov_ub) "
                                           "(arXiv 2505.22617; verl 0.9.1 actor.yaml policy_loss.clip_cov_ratio).",
@@ -132,7 +132,7 @@ class ObjectiveConfig:
 
     @property
     def token_mask(self) -> str:
-        """The registered token mask of this method (its declaration in stapo/losses/methods.py)."""
+        """The registered token mask of this method (its declaration in stapo/study/methods.py)."""
         return METHODS[self.method].token_mask
 
     @property
