@@ -15,7 +15,8 @@ and TRL's FSDP branches, the trainer's engine detection) is the real FSDP path.
 With ``STAPO_TEST_GRAD_DUMP=<file>`` it also saves the first optimiser step's gradient as the optimiser will see
 it — after the trainer's normaliser rescale (``_close_window``), before clipping — unsharded (an FSDP2 shard is a
 DTensor: ``full_tensor()``, a collective every rank enters), with the engine and each rank's token counts.
-``STAPO_TEST_NORMALISER=<Normaliser value>`` forces the trainer's normaliser (e.g. DeepSpeed's estimate under FSDP).
+``STAPO_TEST_NORMALISER=<aggregator name>`` forces the trainer's aggregator (stapo.losses.aggregation; e.g.
+``deepspeed_kept_fraction``, DeepSpeed's estimate, under FSDP).
 ``STAPO_TEST_HOLD_AFTER_SAVE=<step>``: every rank but rank 0 stops (sleeps until killed) once checkpoint <step> is
 complete, so a test can kill a machine at a known point whatever the machine's load (rank 0 waits for the others in
 the next step's first collective, as it would for a machine that hangs).
@@ -40,7 +41,8 @@ from trl import GRPOTrainer  # noqa: E402
 from stapo import cli  # noqa: E402
 from stapo.train.rundir import CheckpointSentinel  # noqa: E402
 from stapo.tasks.rewards import REWARDS  # noqa: E402
-from stapo.train.trainer import Normaliser, StapoGRPOTrainer  # noqa: E402
+import stapo.train.trainer as trainer_module  # noqa: E402
+from stapo.train.trainer import StapoGRPOTrainer  # noqa: E402
 
 
 def fixed_completions(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -90,7 +92,7 @@ def dump_first_step_gradient(close_window, path: str):
         plugin = getattr(self.accelerator.state, "fsdp_plugin", None)
         if self.accelerator.is_main_process:
             torch.save({"grads": grads, "engine": self.accelerator.distributed_type.value, "sharded": sharded,
-                        "fsdp_version": getattr(plugin, "fsdp_version", None), "normaliser": self._normaliser.value,
+                        "fsdp_version": getattr(plugin, "fsdp_version", None), "normaliser": self._aggregation.name,
                         "reduce_dtype": str(getattr(getattr(plugin, "mixed_precision_policy", None), "reduce_dtype",
                                                     None)),
                         "tokens_per_rank": [t for t, _ in per_rank], "kept_per_rank": [k for _, k in per_rank]},
@@ -104,8 +106,15 @@ REWARDS["coin"] = coin
 if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not torch.cuda.is_available():
     AcceleratorState.__init__ = fsdp_on_cpu(AcceleratorState.__init__)
 if os.environ.get("STAPO_TEST_NORMALISER"):
-    _forced = Normaliser(os.environ["STAPO_TEST_NORMALISER"])
-    Normaliser.choose = classmethod(lambda cls, *args, **kwargs: _forced)
+    _forced, _aggregation = os.environ["STAPO_TEST_NORMALISER"], trainer_module.aggregation
+
+    def _forced_aggregation(mode, *, deepspeed=False):
+        found = [a for a in (_aggregation(mode), _aggregation(mode, deepspeed=True)) if a.name == _forced]
+        if not found:
+            raise ValueError(f"STAPO_TEST_NORMALISER={_forced}: no aggregator of that name for {mode}")
+        return found[0]
+
+    trainer_module.aggregation = _forced_aggregation
 if os.environ.get("STAPO_TEST_GRAD_DUMP"):
     StapoGRPOTrainer._close_window = dump_first_step_gradient(StapoGRPOTrainer._close_window,
                                                               os.environ["STAPO_TEST_GRAD_DUMP"])
