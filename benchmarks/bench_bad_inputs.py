@@ -1,22 +1,29 @@
 """Bad inputs at every entry point: each must fail with one line naming the culprit, no traceback, fast.
 
-    .venv/bin/python benchmarks/bench_bad_inputs.py [--only SUBSTRING] [--json OUT.json]
+    .venv/bin/python benchmarks/bench_bad_inputs.py [--only SUBSTRING] [--json OUT.json] [--in-process]
 
 The table (CASES) covers ``stapo train | eval | report | plan``, ``snakemake -n`` on the repository's Snakefile
 and ``python -m stapo.vllm_settings``: bad arguments, missing / empty / malformed files (YAML syntax: file and
 line), bad values in every study section, the cross-section rules (checkpoints that will never exist,
 eval_every vs save_steps, a data_dir without the benchmarks, num_generations 1, batch splits), outputs that
 cannot be written, a damaged final/ (a same-size bit flip: the SHA-256 manifest), a corrupt generation cache,
-and outputs another process is writing (one writer per run directory / evaluation output). Each case runs as
-a subprocess in a scratch directory; the script prints, per case, exit status, seconds to the error and the
-line. Target: every case one line, no traceback, rc != 0, and <= 3 s to the error for the cases that need no
-model (none here loads one: every error comes before torch / TRL / lm-eval are imported). tests/test_bad_inputs.py
-runs the same table with a generous time bound (the machine is shared) and asserts the rest.
+and outputs another process is writing (one writer per run directory / evaluation output). By default each case
+runs as a process of its own in a scratch directory, as a user starts it; the script prints, per case, exit
+status, seconds to the error, peak memory and the line. Target: every case one line, no traceback, rc != 0, and
+<= 3 s to the error (none loads a model). ``--in-process`` calls every stapo / vllm_settings case's ``main`` in one
+process instead (file descriptors 1 and 2 captured), recording the heavy modules each case imported (torch,
+transformers, TRL, accelerate, datasets, lm-eval, vLLM: none may be) and the process's running peak memory;
+tests/test_bad_inputs.py runs that batch (one process for ~75 cases) and the snakemake cases, with a generous time
+bound (the machine is shared), and asserts the rest.
 
 Not covered, because Snakemake reads ``--configfile`` files itself before the Snakefile runs: an empty file or
 a YAML syntax error passed to ``snakemake --configfile`` gets Snakemake's own two-line WorkflowError, which
 names neither file nor line; ``stapo plan --configfile FILE`` (or ``stapo train --recipe FILE``) names both.
 
+Figures (2026-12-07, the 2-core VM, load ~2), ``--in-process``: 74/74 stapo and vllm_settings cases one line, rc
+!= 0, no traceback, no heavy import (the corrupt generation cache and the damaged final/ used to import lm-eval
+first: stapo eval now opens the cache and checks the model before it), the batch's peak 88-90 MB; every case
+<= 0.6 s, total 1.8-3.0 s of calls in one 4 s process (the 74 processes of the default mode: ~22 s).
 Figures (2026-12-05, the 2-core VM, load ~1 with a vLLM venv installing beside it), default command, 82 cases
 (23 of them the over-bound inputs of issue 33: huge numbers, deep or wide YAML, aliases, long keys, 1 MiB+ files):
     82/82 one line naming the culprit, rc != 0, no traceback (the over-bound ones write nothing); every stapo case
