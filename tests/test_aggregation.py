@@ -61,5 +61,8 @@ def test_provisional_normaliser_weight_and_close():
     objective, factor = tm.close(torch.tensor(3.0), torch.tensor(4.0), torch.tensor(6.0), 2)
     assert (objective, factor) == (pytest.approx(2.0), pytest.approx(4 / 3))
     assert tm.close(torch.tensor(0.0), torch.tensor(4.0), torch.tensor(0.0), 2) == (0.0, 1.0)  # nothing kept
+    # one kept token (the clamps' and guards' boundary): objective 3·4/1, factor 4·2/1; DeepSpeed's weight 8/1
+    assert tm.close(torch.tensor(3.0), torch.tensor(4.0), torch.tensor(1.0), 2) == (12.0, 8.0)
+    assert float(ds.weight(loss, share=0.25, kept_and_tokens=lambda: torch.tensor([1.0, 8.0]))) == 16.0
     for agg in (ds, aggregation(AggMode.TOKEN_MEAN_PER_MICRO_BATCH), aggregation(AggMode.SEQ_MEAN_TOKEN_MEAN)):
         assert agg.close(torch.tensor(3.0), None, torch.tensor(6.0), 2) == (1.5, None)  # already weighted: ranks' mean

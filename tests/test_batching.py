@@ -189,8 +189,11 @@ def test_balanced_partitions_refuse_impossible_counts():
             partition.balanced_partitions([5, 6, 7], k)
     with pytest.raises(ValueError, match=r"^cannot split 0 sequences into 0 micro-batches$"):
         partition.token_budget_partitions([], 100, 0)
-    with pytest.raises(ValueError, match=r"^an optimiser step with no completions on this process: there is nothing"):
+    with pytest.raises(ValueError) as empty:
         partition.micro_batch_count([], 100)  # what the trainer asks first: the empty step is named
+    assert str(empty.value) == ("an optimiser step with no completions on this process: there is nothing to split "
+                                "into micro-batches (train.prompts_per_step × num_generations must give every "
+                                "process some)")
     with pytest.raises(AssertionError, match=r"^an empty micro-batch among 4 for lengths \[1, 0, -1, 2\]$"):
         partition.balanced_partitions([1, 0, -1, 2], 4)
     with pytest.raises(AssertionError):
@@ -231,6 +234,15 @@ def test_the_trainer_uses_the_largest_count_over_processes(others, expected):
     accelerator = _Accelerator(others)
     got = T.StapoGRPOTrainer._largest_over_processes(SimpleNamespace(accelerator=accelerator), 3)
     assert got == expected and accelerator.gathered == ([3] if others else [])
+
+
+def test_sequence_inputs_are_the_prompt_then_the_completion():
+    """What the policy's forward reads: ids and masks [B, P + T], prompts (left-padded) before completions."""
+    batch = {"prompt_ids": torch.tensor([[0, 7], [5, 6]]), "prompt_mask": torch.tensor([[0, 1], [1, 1]]),
+             "completion_ids": torch.tensor([[8, 9, 0], [4, 0, 0]]),
+             "completion_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])}
+    ids, mask = layout.sequence_inputs(batch)
+    assert ids.tolist() == [[0, 7, 8, 9, 0], [5, 6, 4, 0, 0]] and mask.tolist() == [[0, 1, 1, 1, 0], [1, 1, 1, 0, 0]]
 
 
 def test_sequence_lengths_are_prompt_plus_completion_tokens():
