@@ -218,7 +218,7 @@ def test_train_prompt_key_is_validated_and_defaults_to_stripped():
 
     assert train_settings({}).prompt == "stripped"
     assert train_settings({"prompt": "justrl_raw"}).prompt == "justrl_raw"
-    with pytest.raises(ValueError, match=r"train.prompt: unknown prompt 'raw'; expected one of \['stripped', "
+    with pytest.raises(ValueError, match=r"train.prompt: unknown value 'raw'; expected one of \['stripped', "
                                          r"'justrl_raw'\]"):
         train_settings({"prompt": "raw"})
 
