@@ -372,7 +372,7 @@ def _harness_step(trainer, ranks: list[dict], budget: int, counts: list[int], mo
 def _verl_step(trainer, cfg, ranks: list[dict], budget: int, uniform: bool = False) -> dict:
     """verl 0.4.0's update_policy (dynamic bsz) on the same ranks: rearrange_micro_batches over the attention
     masks, each micro-batch's token-mean × len(data) / ppo_mini_batch_size, backward; ranks averaged."""
-    masks = [layout.sequence_inputs(r)[1] for r in ranks]
+    masks = [layout.attention_mask(r) for r in ranks]
     parts = verl_rearrange_micro_batches(masks, budget)
     model, total = trainer.model, None
     for inputs, rank_parts in zip(ranks, parts):

@@ -151,7 +151,13 @@ def _first_step_gradient(tmp: Path, recipe: Path, method: str, processes: int, e
     env = {"STAPO_TEST_GRAD_DUMP": str(tmp / f"{name}.pt")}
     if normaliser:
         env["STAPO_TEST_NORMALISER"] = normaliser
-    rows, _ = _train(recipe, method, tmp / name, processes, engine=engine, env=env)
+    _train(recipe, method, tmp / name, processes, engine=engine, env=env)
+    return _gradient_dump(tmp, name)
+
+
+def _gradient_dump(tmp: Path, name: str) -> dict:
+    """What _first_step_gradient's run ``name`` dumped, with the first step's logged (clipped-at) gradient norm."""
+    rows = [json.loads(line) for line in (tmp / name / "metrics.jsonl").read_text().splitlines()]
     return {**torch.load(tmp / f"{name}.pt"), "logged_grad_norm": rows[0]["grad_norm"]}
 
 
@@ -162,9 +168,7 @@ def _full_batch_gradient(shared_dir: Path, method: str) -> dict:
         tmp.mkdir(parents=True)
         _first_step_gradient(tmp, _step_recipes(tmp)[1], method, 1)
 
-    run = build_once(shared_dir, f"full-batch-gradient-{method}", build)
-    rows = [json.loads(line) for line in (run / f"{method}-1-chosen" / "metrics.jsonl").read_text().splitlines()]
-    return {**torch.load(run / f"{method}-1-chosen.pt"), "logged_grad_norm": rows[0]["grad_norm"]}
+    return _gradient_dump(build_once(shared_dir, f"full-batch-gradient-{method}", build), f"{method}-1-chosen")
 
 
 def _paper_engine(model: str = "qwen3-8b-base") -> Path:

@@ -12,7 +12,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["Packed", "sequence_inputs", "sequence_lengths", "select_rows", "pack", "unpack", "padded_fraction"]
+__all__ = ["Packed", "sequence_inputs", "attention_mask", "sequence_lengths", "select_rows", "pack", "unpack",
+           "padded_fraction"]
 
 
 class Packed(NamedTuple):
@@ -27,8 +28,12 @@ class Packed(NamedTuple):
 def sequence_inputs(batch: dict) -> tuple[Tensor, Tensor]:
     """(input_ids, attention_mask) [B, P + T] of a TRL batch: its left-padded prompts followed by its right-padded
     completions, as the policy's forward reads them."""
-    return (torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
-            torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1))
+    return torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1), attention_mask(batch)
+
+
+def attention_mask(batch: dict) -> Tensor:
+    """The attention mask [B, P + T] of a TRL batch: its prompt mask followed by its completion mask."""
+    return torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
 
 
 def sequence_lengths(batch: dict) -> list[int]:

@@ -249,7 +249,7 @@ class StapoGRPOTrainer(GRPOTrainer):
 
     def _micro_batch_loss(self, model, inputs):
         completion_mask = inputs["completion_mask"]
-        _, attention_mask = layout.sequence_inputs(inputs)
+        attention_mask = layout.attention_mask(inputs)
         logps, entropies = self._forward(model, inputs)
         old_logps = inputs.get("old_per_token_logps")
         training = self.model.training
