@@ -22,6 +22,11 @@ chosen once with the training engine (:func:`aggregation`), for everything else 
                                  weighs more than one of a long one.
     seq-mean-token-mean          GRPO, GSPO: the mean over completions of each completion's token-mean, weighted n / N
                                  as TRL weighs its "grpo" loss.
+    seq-mean-token-sum           LUSPO (TRL's "luspo"): the mean over completions of each completion's token-sum,
+                                 weighted n / N.
+    seq-mean-token-sum-norm      Dr. GRPO (TRL's "dr_grpo"): Σ kept ℓ / (n · L), weighted n / N: Σ / (N · L) for the
+                                 step, L = ``loss_scale_factor`` (the recipe's max_completion_length; the padded
+                                 length T of the call when None, verl's default).
 
 What a run records (config.yaml's ``trl.normaliser``) is the aggregator's ``name``.
 """
@@ -35,7 +40,7 @@ from torch import Tensor
 from stapo.study.objective import AggMode
 
 __all__ = ["Aggregator", "TokenMean", "DeepSpeedTokenMean", "MicroBatchTokenMean", "SeqMeanTokenMean",
-           "aggregation"]
+           "SeqMeanTokenSum", "SeqMeanTokenSumNorm", "aggregation"]
 
 
 class Aggregator:
@@ -46,8 +51,10 @@ class Aggregator:
     step_normaliser = False  # the denominator is the whole step's kept tokens (policy_loss's token_normalizer)
     estimated = False  # the step's gradient is an estimate of the objective's, not the objective's
 
-    def reduce(self, masked: Tensor, kept: Tensor, token_normalizer: Tensor | float | None = None) -> Tensor:
-        """The loss of one micro-batch from its masked per-token losses and kept mask [B, T]."""
+    def reduce(self, masked: Tensor, kept: Tensor, token_normalizer: Tensor | float | None = None,
+               horizon: int | None = None) -> Tensor:
+        """The loss of one micro-batch from its masked per-token losses and kept mask [B, T]; ``horizon``: the
+        constant L of seq-mean-token-sum-norm (ignored by the others)."""
         raise NotImplementedError
 
     def provisional(self, tokens_per_process: Tensor) -> Tensor | None:
@@ -75,7 +82,7 @@ class TokenMean(Aggregator):
 
     mode, name, step_normaliser = AggMode.TOKEN_MEAN, "exact_rescale", True
 
-    def reduce(self, masked, kept, token_normalizer=None):
+    def reduce(self, masked, kept, token_normalizer=None, horizon=None):
         return masked.sum() / (kept.sum().clamp(min=1) if token_normalizer is None else token_normalizer)
 
     def provisional(self, tokens_per_process):
@@ -107,7 +114,7 @@ class MicroBatchTokenMean(Aggregator):
 
     mode, name = AggMode.TOKEN_MEAN_PER_MICRO_BATCH, "micro_batch_token_mean"
 
-    def reduce(self, masked, kept, token_normalizer=None):
+    def reduce(self, masked, kept, token_normalizer=None, horizon=None):
         self._no_step_normaliser(token_normalizer)
         return masked.sum() / kept.sum().clamp(min=1)
 
@@ -117,14 +124,38 @@ class SeqMeanTokenMean(Aggregator):
 
     mode, name = AggMode.SEQ_MEAN_TOKEN_MEAN, "grpo_seq_mean"
 
-    def reduce(self, masked, kept, token_normalizer=None):
+    def reduce(self, masked, kept, token_normalizer=None, horizon=None):
         self._no_step_normaliser(token_normalizer)
         per_seq = masked.sum(-1) / kept.sum(-1).clamp(min=1)
         return per_seq.sum() / max(1, per_seq.numel())
 
 
+class SeqMeanTokenSum(Aggregator):
+    """seq-mean-token-sum (LUSPO, arXiv 2602.05261; TRL 1.16 loss_type="luspo": ``(ℓ · mask).sum(-1).mean()``): the
+    mean over completions of their token-sums × n / N."""
+
+    mode, name = AggMode.SEQ_MEAN_TOKEN_SUM, "luspo_seq_mean_token_sum"
+
+    def reduce(self, masked, kept, token_normalizer=None, horizon=None):
+        self._no_step_normaliser(token_normalizer)
+        return masked.sum() / max(1, masked.size(0))
+
+
+class SeqMeanTokenSumNorm(Aggregator):
+    """seq-mean-token-sum-norm (Dr. GRPO, arXiv 2503.20783; TRL 1.16 loss_type="dr_grpo": ``(ℓ · mask).sum() /
+    (B · max_completion_length)``): Σ kept ℓ / (n · L) × n / N, L = ``horizon`` (None: the call's padded length T,
+    verl's default)."""
+
+    mode, name = AggMode.SEQ_MEAN_TOKEN_SUM_NORM, "dr_grpo_constant"
+
+    def reduce(self, masked, kept, token_normalizer=None, horizon=None):
+        self._no_step_normaliser(token_normalizer)
+        return masked.sum() / (max(1, masked.size(0)) * (masked.size(-1) if horizon is None else horizon))
+
+
 _AGGREGATORS = {AggMode.TOKEN_MEAN: TokenMean(), AggMode.TOKEN_MEAN_PER_MICRO_BATCH: MicroBatchTokenMean(),
-                AggMode.SEQ_MEAN_TOKEN_MEAN: SeqMeanTokenMean()}
+                AggMode.SEQ_MEAN_TOKEN_MEAN: SeqMeanTokenMean(), AggMode.SEQ_MEAN_TOKEN_SUM: SeqMeanTokenSum(),
+                AggMode.SEQ_MEAN_TOKEN_SUM_NORM: SeqMeanTokenSumNorm()}
 _DEEPSPEED = {AggMode.TOKEN_MEAN: DeepSpeedTokenMean()}
 
 

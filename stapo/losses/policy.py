@@ -127,7 +127,7 @@ def policy_loss(
 
     # where(), not multiplication: a masked position's value never reaches the loss or its gradient.
     masked = torch.where(kept, per_token, torch.zeros_like(per_token))
-    loss = aggregation(cfg.loss_agg_mode).reduce(masked, kept, token_normalizer)
+    loss = aggregation(cfg.loss_agg_mode).reduce(masked, kept, token_normalizer, horizon=cfg.loss_scale_factor)
 
     metrics = _metrics(cfg, m, kept, silenced, ratio, dual, entropies, cand, advantages, kl)
     if tokens is not None:

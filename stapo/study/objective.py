@@ -14,7 +14,7 @@ JSON-dump as their value.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
 
 from stapo.core.fields import Choice, check_fields, option
@@ -32,16 +32,29 @@ class AggMode(Choice):
     token-mean-per-micro-batch   verl 0.4.0 (JustRL's own trainer): each micro-batch's own token-mean, weighted by
                                  its share of the rank's sequences in the step; ranks averaged (TRL's "bnpo").
     seq-mean-token-mean          GRPO: mean over completions of each completion's token-mean (TRL's "grpo").
+    seq-mean-token-sum           LUSPO (arXiv 2602.05261): mean over completions of each completion's token-SUM, so a
+                                 sequence weighs by its length (TRL's "luspo"; verl's agg_loss of the same name).
+    seq-mean-token-sum-norm      Dr. GRPO (arXiv 2503.20783): Σ kept ℓ / (completions × L), L a constant
+                                 (``loss_scale_factor``: TRL's max_completion_length) (TRL's "dr_grpo"; verl's
+                                 agg_loss of the same name).
     """
 
     TOKEN_MEAN = "token-mean"
     TOKEN_MEAN_PER_MICRO_BATCH = "token-mean-per-micro-batch"
     SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
 
     @property
     def trl_loss_type(self) -> str:
         """TRL's ``loss_type`` of the same aggregation (plain TRL runs and logs read it)."""
-        return {"token-mean": "dapo", "token-mean-per-micro-batch": "bnpo", "seq-mean-token-mean": "grpo"}[self.value]
+        return {"token-mean": "dapo", "token-mean-per-micro-batch": "bnpo", "seq-mean-token-mean": "grpo",
+                "seq-mean-token-sum": "luspo", "seq-mean-token-sum-norm": "dr_grpo"}[self.value]
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The ObjectiveConfig fields this aggregation reads (recorded in a run's config.yaml only with it)."""
+        return ("loss_scale_factor",) if self is AggMode.SEQ_MEAN_TOKEN_SUM_NORM else ()
 
 
 class QuantileScope(Choice):
@@ -111,7 +124,9 @@ class ObjectiveConfig:
         "whole step's kept tokens on all ranks are one denominator, verl 0.9.1's engine workers), "
         "token-mean-per-micro-batch (verl 0.4.0, JustRL's own trainer: each micro-batch's own token-mean weighted "
         "by its share of the rank's sequences; TRL's bnpo), seq-mean-token-mean (GRPO, GSPO: mean over completions "
-        "of each completion's token-mean). See stapo.study.objective.AggMode."))
+        "of each completion's token-mean), seq-mean-token-sum (LUSPO, TRL's luspo: mean over completions of each "
+        "completion's token-sum), seq-mean-token-sum-norm (Dr. GRPO, TRL's dr_grpo: Σ ℓ / (completions × "
+        "loss_scale_factor)). See stapo.study.objective.AggMode."))
     quantile_scope: QuantileScope = option(QuantileScope.MINI_BATCH, (
         "Where the entropy thresholds of entropy20 / stapo (and its ablations) are taken: mini_batch (default, "
         "paper: once per optimiser step over all its completions on all ranks, from π_old), micro_batch (per "
@@ -130,6 +145,41 @@ class ObjectiveConfig:
     ppo_kl_coef: float = option(1.0, "KL-Cov: weight of the |log ρ| penalty on the selected tokens (arXiv 2505.22617: "
                                     "1; verl's actor.yaml default 0.1).", minimum=0)
 
+    loss_scale_factor: int | None = option(None, (
+        "seq-mean-token-sum-norm (Dr. GRPO, arXiv 2503.20783): the constant L of the normaliser completions × L. "
+        "None: the recipe's train.max_completion_length (TRL's dr_grpo; verl 0.9.1's actor.yaml loss_scale_factor "
+        "null means the padded response length instead). Read by no other aggregation."), exclusiveMinimum=0)
+    # verl 0.9.1's other policy losses (verl/trainer/ppo/core_algos.py); defaults: verl/trainer/config/actor/actor.yaml
+    dppo_delta_low: float = option(0.2, (
+        "DPPO (arXiv 2602.04879; dppo_tv, dppo_kl): a negative-advantage token keeps its gradient while its "
+        "divergence from π_old stays within this bound (TV: π_old − π ≤ δ; KL: binary KL ≤ δ, or π ≥ π_old). "
+        "verl reads it from clip_ratio_low (actor.yaml: 0.2)."), exclusiveMinimum=0)
+    dppo_delta_high: float = option(0.2, (
+        "DPPO: the same bound for a positive-advantage token (TV: π − π_old ≤ δ; KL: binary KL ≤ δ, or π ≤ π_old). "
+        "verl reads it from clip_ratio_high (actor.yaml: 0.2)."), exclusiveMinimum=0)
+    dppo_is_cap: float = option(3.0, (
+        "DPPO: the truncated importance weight sg(min(ρ, C)) of its REINFORCE term. verl reads clip_ratio_c "
+        "(actor.yaml: 3.0; its function's fallback when the key is absent: 20)."), exclusiveMinimum=0)
+    sapo_tau_pos: float = option(1.0, (
+        "SAPO (arXiv 2511.20347): temperature τ of the soft gate σ(τ(ρ − 1))·4/τ for Â > 0 (verl actor.yaml tau_pos "
+        "1.0 = TRL sapo_temperature_pos)."), exclusiveMinimum=0)
+    sapo_tau_neg: float = option(1.05, (
+        "SAPO: the gate's temperature for Â ≤ 0 (verl actor.yaml tau_neg 1.05 = TRL sapo_temperature_neg)."),
+        exclusiveMinimum=0)
+    dro_beta: float = option(0.05, (
+        "DRO (verl 0.9.1 compute_policy_loss_dro): weight β of the quadratic penalty β/2 (log ρ)². verl's actor.yaml "
+        "has no default (dro_beta null: must be set); 0.05 is the usage example of the pull request that added it "
+        "(verl-project/verl#7245)."), exclusiveMinimum=0)
+    # TRL 1.16's loss types (trl/trainer/grpo_trainer.py GRPOTrainer._compute_loss); defaults: its GRPOConfig
+    vespo_k_pos: float = option(2.0, (
+        "VESPO (arXiv 2602.10693): power k of the gamma weight φ(w) = e^λ w^k e^(−λw) for Â ≥ 0 (TRL vespo_k_pos)."),
+        minimum=0)
+    vespo_lambda_pos: float = option(3.0, "VESPO: decay λ of φ(w) for Â ≥ 0 (TRL vespo_lambda_pos).",
+                                     exclusiveMinimum=0)
+    vespo_k_neg: float = option(3.0, "VESPO: power k of φ(w) for Â < 0 (TRL vespo_k_neg).", minimum=0)
+    vespo_lambda_neg: float = option(2.0, "VESPO: decay λ of φ(w) for Â < 0 (TRL vespo_lambda_neg).",
+                                     exclusiveMinimum=0)
+
     @property
     def token_mask(self) -> str:
         """The registered token mask of this method (its declaration in stapo/study/methods.py)."""
@@ -145,6 +195,13 @@ class ObjectiveConfig:
         """The entropy thresholds its token mask reads (declared, never inferred); None: none."""
         return METHODS[self.method].thresholds
 
+    def with_horizon(self, max_completion_length: int) -> ObjectiveConfig:
+        """This config with ``loss_scale_factor`` set to the recipe's ``max_completion_length`` where its
+        aggregation reads it and it is unset (TRL's dr_grpo constant); else itself."""
+        if "loss_scale_factor" not in self.loss_agg_mode.params or self.loss_scale_factor is not None:
+            return self
+        return replace(self, loss_scale_factor=max_completion_length)
+
     @property
     def uses_thresholds(self) -> bool:
         """True when the token mask reads per-step entropy thresholds (its declaration says which)."""
@@ -159,7 +216,8 @@ class ObjectiveConfig:
         """The fields as plain values (enums as their strings): what a run directory records. A field that only
         another method's loss reads (its declaration's ``params``) is left out, so adding a method does not change
         the recorded config of the others."""
-        others = {p for m in METHODS.values() for p in m.params} - set(METHODS[self.method].params)
+        others = ({p for m in METHODS.values() for p in m.params} | {p for a in AggMode for p in a.params}) - (
+            set(METHODS[self.method].params) | set(self.loss_agg_mode.params))
         return {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(self).items() if k not in others}
 
     def __post_init__(self) -> None:
@@ -168,6 +226,10 @@ class ObjectiveConfig:
         check_fields(self)  # the enums from their strings, every number within its field's bounds
         if not self.clip_cov_lb < self.clip_cov_ub:
             raise ValueError(f"clip_cov_lb: must be < clip_cov_ub, got {self.clip_cov_lb} >= {self.clip_cov_ub}")
+        only = METHODS[self.method].only_agg
+        if only is not None and self.loss_agg_mode is not AggMode(only):
+            raise ValueError(f"loss_agg_mode: {self.method} aggregates as {only} only (its source's function ignores "
+                             f"loss_agg_mode), got {self.loss_agg_mode.value!r}")
         need = self.quantile_scope.required_agg
         if need is not None and self.loss_agg_mode is not need:
             raise ValueError(f"quantile_scope: {self.quantile_scope} normalises per micro-batch (the 80/20 release); "

@@ -193,7 +193,8 @@ class Study:
             _checked(self.source, lambda: train_settings({**dataclasses.asdict(self.train), **cli}, "train"))
         settings = self.train_settings(model, method, **cli)
         _checked(self.source, lambda: check_model_spec(model, self.models[model].spec))
-        return Plan(model, self.models[model].spec, method, self.methods[method], settings)
+        objective = self.methods[method].with_horizon(settings.max_completion_length)  # dr_grpo's L: TRL's
+        return Plan(model, self.models[model].spec, method, objective, settings)
 
     def train_settings(self, model: str, method: str | None = None, **overrides) -> TrainSettings:
         """The ``train`` section with ``methods.<method>.train`` (the method's recipe), then ``models.<model>.train``
