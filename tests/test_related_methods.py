@@ -1,4 +1,5 @@
-"""The related methods (Clip-Cov, KL-Cov, GSPO, CISPO) against verl 0.9.1's own functions, called as a peer.
+"""verl 0.9.1's policy losses (Clip-Cov, KL-Cov, GSPO, CISPO, DPPO-TV/KL, SAPO, GMPO, GPG, DRO) against verl's own
+functions, called as a peer.
 
 verl is installed without its dependencies, and outside site-packages: ``make test`` runs ``pip install --no-deps
 --target .venv/peers verl==0.9.1`` (its wheel also ships a top-level ``tests`` package, which in site-packages would
@@ -7,12 +8,15 @@ more, so the fixture loads ``verl/trainer/ppo/core_algos.py`` and the real
 ``verl/utils/torch_functional.py`` (agg_loss's masked_sum) from the installed files, with the few modules they
 import at the top stubbed in ``sys.modules`` for the duration of the load and restored after. The comparison: our
 ``policy_loss`` and verl's ``compute_policy_loss_<name>`` on the same random inputs, loss and gradient with respect
-to the log-probs, ≤ 1e-6 relative, for each aggregation the method supports, several seeds and shapes; deliberately
-broken variants must fail it (so the comparison can fail).
+to the log-probs, ≤ 1e-6 relative, for each aggregation the method supports (verl's agg_loss checks our
+aggregators too, seq-mean-token-sum and seq-mean-token-sum-norm included), several seeds and shapes, moderate and
+extreme ratios; every branch, clamp and cap of each new loss is reached (``BRANCHES``, counted); deliberately broken
+variants must fail it (so the comparison can fail), each by a measured amount.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import os
@@ -23,18 +27,25 @@ from pathlib import Path
 import pytest
 import torch
 
+from stapo.losses import registry, related
+from stapo.losses.aggregation import aggregation
 from stapo.losses.policy import policy_loss, vanilla_loss
 from stapo.losses.registry import POLICY_LOSSES, register_policy_loss
 from stapo.study import get_objective
+from stapo.study.methods import METHODS
 
 VERL_VERSION = "0.9.1"
 TOLERANCE = 1e-6
-VERL_FUNCTION = {"clip_cov": "compute_policy_loss_clip_cov", "kl_cov": "compute_policy_loss_kl_cov",
-                 "gspo": "compute_policy_loss_gspo", "cispo": "compute_policy_loss_cispo"}
+VERL_FUNCTION = {m: f"compute_policy_loss_{m}" for m in ("clip_cov", "kl_cov", "gspo", "cispo", "dppo_tv", "dppo_kl",
+                                                           "sapo", "geo_mean", "gpg", "dro")}
+NEW = ("dppo_tv", "dppo_kl", "sapo", "geo_mean", "gpg", "dro")  # issue 43
 # aggregations each method is compared under ("token-mean-per-micro-batch" on one micro-batch is verl's token-mean)
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "token-mean-per-micro-batch")
-VERL_AGG = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean",
-            "token-mean-per-micro-batch": "token-mean"}
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "token-mean-per-micro-batch", "seq-mean-token-sum",
+                "seq-mean-token-sum-norm")
+VERL_AGG = {**{a: a for a in AGGREGATIONS}, "token-mean-per-micro-batch": "token-mean"}
+# where verl reads what our config calls otherwise: DPPO's trust region is verl's clip_ratio_low / _high, its
+# importance-weight cap verl's clip_ratio_c
+VERL_CLIP_RANGE = {"dppo_tv": ("dppo_delta_low", "dppo_delta_high"), "dppo_kl": ("dppo_delta_low", "dppo_delta_high")}
 SHAPES = ((4, 9), (7, 33), (16, 64))
 SEEDS = (0, 1, 2)
 
@@ -58,11 +69,14 @@ def _load(name: str, path: Path) -> types.ModuleType:
 class ActorConfig:
     """What verl's policy losses read of its ``ActorConfig`` (verl/workers/config/actor.py)."""
 
-    def __init__(self, *, clip_ratio_low: float, clip_ratio_high: float, **policy_loss):
+    def __init__(self, *, clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float, tau_pos: float,
+                 tau_neg: float, loss_scale_factor: int | None = None, **policy_loss):
         self.clip_ratio = clip_ratio_low
-        self.clip_ratio_low, self.clip_ratio_high = clip_ratio_low, clip_ratio_high
+        self.clip_ratio_low, self.clip_ratio_high, self.clip_ratio_c = clip_ratio_low, clip_ratio_high, clip_ratio_c
+        self.tau_pos, self.tau_neg = tau_pos, tau_neg
         self.policy_loss = types.SimpleNamespace(**policy_loss)
-        self.global_batch_info = {}  # one process: agg_loss normalises by this call's tokens / sequences
+        # one process: agg_loss normalises by this call's tokens / sequences (and the horizon, when given)
+        self.global_batch_info = {} if loss_scale_factor is None else {"loss_scale_factor": loss_scale_factor}
 
     def get(self, key, default=None):
         return getattr(self, key, default)
@@ -125,19 +139,36 @@ def _inputs(B: int, T: int, seed: int, noise: float) -> dict:
                 completion_mask=(torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).int())
 
 
-def _ours(cfg, x: dict, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _ours(cfg, x: dict, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     logps = x["logps"].clone().requires_grad_(True)
     loss, _ = policy_loss(cfg, logps=logps, old_logps=x["old_logps"], advantages=x["advantages"],
                           entropies=torch.zeros_like(logps), completion_mask=x["completion_mask"],
                           generator=torch.Generator().manual_seed(seed))
     loss.backward()
-    return loss.detach(), logps.grad
+    with torch.no_grad():  # the loss's scale: the same aggregation of |ℓ| (where the terms cancel, float32's
+        m = x["completion_mask"].bool()  # summation order alone moves the loss by ~1e-7 of this, not of the loss)
+        lp, old = (torch.where(m, x[k], 0.0) for k in ("logps", "old_logps"))
+        per = registry.POLICY_LOSSES[cfg.loss](cfg, logps=lp, old_logps=old, advantages=x["advantages"],
+                                               completion_mask=m, generator=torch.Generator().manual_seed(seed)).loss
+        scale = aggregation(cfg.loss_agg_mode).reduce(torch.where(m, per.abs(), 0.0), m,
+                                                      horizon=cfg.loss_scale_factor)
+    return loss.detach(), logps.grad, scale
+
+
+def _actor_config(method: str, cfg) -> ActorConfig:
+    """verl's ActorConfig with ``cfg``'s values where verl reads them."""
+    low, high = VERL_CLIP_RANGE.get(method, ("eps_low", "eps_high"))
+    return ActorConfig(clip_ratio_low=getattr(cfg, low), clip_ratio_high=getattr(cfg, high),
+                       clip_ratio_c=cfg.dppo_is_cap if method in VERL_CLIP_RANGE else cfg.clip_ratio_c,
+                       tau_pos=cfg.sapo_tau_pos, tau_neg=cfg.sapo_tau_neg,
+                       loss_scale_factor=cfg.loss_scale_factor if "loss_scale_factor" in cfg.loss_agg_mode.params
+                       else None,
+                       clip_cov_ratio=cfg.clip_cov_ratio, clip_cov_lb=cfg.clip_cov_lb, clip_cov_ub=cfg.clip_cov_ub,
+                       kl_cov_ratio=cfg.kl_cov_ratio, ppo_kl_coef=cfg.ppo_kl_coef, dro_beta=cfg.dro_beta)
 
 
 def _verl(core_algos, method: str, cfg, x: dict, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    config = ActorConfig(clip_ratio_low=cfg.eps_low, clip_ratio_high=cfg.eps_high, clip_cov_ratio=cfg.clip_cov_ratio,
-                         clip_cov_lb=cfg.clip_cov_lb, clip_cov_ub=cfg.clip_cov_ub, kl_cov_ratio=cfg.kl_cov_ratio,
-                         ppo_kl_coef=cfg.ppo_kl_coef)
+    config = _actor_config(method, cfg)
     logps = x["logps"].clone().requires_grad_(True)
     mask = x["completion_mask"]
     advantages = x["advantages"].unsqueeze(-1).expand_as(logps).contiguous()  # verl's token-level advantages
@@ -150,15 +181,26 @@ def _verl(core_algos, method: str, cfg, x: dict, seed: int) -> tuple[torch.Tenso
 
 
 def _relative_differences(a, b) -> tuple[float, float]:
-    (la, ga), (lb, gb) = a, b
-    return (float((la - lb).abs() / lb.abs().clamp(min=1e-12)),
+    """(loss, gradient) relative differences of ours ``a`` (loss, gradient, the loss's scale) to the source's ``b``:
+    the loss's relative to the larger of |loss| and its scale, the gradient's relative to its largest element; inf
+    where either side is not finite (a NaN would pass a max())."""
+    (la, ga, scale), (lb, gb) = a, b
+    diff = (float((la - lb).abs() / torch.maximum(lb.abs(), scale).clamp(min=1e-12)),
             float((ga - gb).abs().max() / gb.abs().max().clamp(min=1e-12)))
+    return tuple(d if math.isfinite(d) else math.inf for d in diff)
+
+
+def aggregations(method: str) -> tuple[str, ...]:
+    """The aggregations ``method`` is compared under: AGGREGATIONS, or the one its source defines (only_agg)."""
+    only = METHODS[method].only_agg
+    return AGGREGATIONS if only is None else (only,)
 
 
 def max_relative_differences(core_algos, method: str, **overrides) -> tuple[float, float]:
-    """The largest (loss, gradient) relative difference over AGGREGATIONS × SHAPES × SEEDS × two ratio spreads."""
+    """The largest (loss, gradient) relative difference over its aggregations × SHAPES × SEEDS × two ratio
+    spreads."""
     worst = (0.0, 0.0)
-    for agg in AGGREGATIONS:
+    for agg in aggregations(method):
         cfg = get_objective(method, loss_agg_mode=agg, **overrides)
         for (B, T) in SHAPES:
             for seed in SEEDS:
@@ -174,6 +216,12 @@ def max_relative_differences(core_algos, method: str, **overrides) -> tuple[floa
     ("kl_cov", {}), ("kl_cov", {"kl_cov_ratio": 0.2}),
     ("gspo", {}), ("gspo", {"eps_low": 0.2, "eps_high": 0.28}),
     ("cispo", {}), ("cispo", {"eps_low": 0.2, "eps_high": 0.28}),
+    ("dppo_tv", {}), ("dppo_tv", {"dppo_delta_low": 0.05, "dppo_delta_high": 0.1, "dppo_is_cap": 20.0}),
+    ("dppo_kl", {}), ("dppo_kl", {"dppo_delta_low": 0.01, "dppo_delta_high": 0.05}),
+    ("sapo", {}), ("sapo", {"sapo_tau_pos": 0.5, "sapo_tau_neg": 2.0}),
+    ("geo_mean", {}), ("geo_mean", {"eps_low": 0.05, "eps_high": 0.4}),
+    ("gpg", {}), ("gpg", {"loss_scale_factor": 50}),  # a given Dr. GRPO horizon (verl's loss_scale_factor)
+    ("dro", {}), ("dro", {"dro_beta": 1.0}),
 ])
 def test_equals_verl(core_algos, method, overrides):
     loss_diff, grad_diff = max_relative_differences(core_algos, method, **overrides)
@@ -244,7 +292,7 @@ def test_a_new_loss_is_one_declaration_and_its_function(monkeypatch):
     cfg = study.parse({"study": "s", "methods": {"rf": {"objective": "reinforce"}}}, required=()).methods["rf"]
     x = _inputs(2, 3, 0, 0.0)
     x["completion_mask"] = torch.ones(2, 3, dtype=torch.int)
-    loss, grad = _ours(cfg, x, 0)
+    loss, grad, _ = _ours(cfg, x, 0)
     assert float(loss) == pytest.approx(float(-(x["advantages"].unsqueeze(-1) * x["logps"]).sum() / 6), rel=1e-6)
     torch.testing.assert_close(grad, (-x["advantages"] / 6).unsqueeze(-1).expand(2, 3))
 
@@ -269,7 +317,7 @@ def extreme_relative_differences(core_algos, method: str, **overrides) -> dict[f
     worst = {}
     for log_ratio in EXTREME_LOG_RATIOS:
         worst[log_ratio] = (0.0, 0.0)
-        for agg in AGGREGATIONS:
+        for agg in aggregations(method):
             cfg = get_objective(method, loss_agg_mode=agg, **overrides)
             for (B, T) in SHAPES[:2]:
                 for seed in SEEDS[:2]:
@@ -352,3 +400,165 @@ def test_clip_cov_bounds_are_strict(lb, ub, detached):
     loss.backward()
     assert m["silenced_fraction"] == detached / 2 and m["kept_fraction"] == 1.0
     assert logps.grad.flatten().tolist() in ([[-0.5, 0.5]] if not detached else [[0.0, 0.5], [-0.5, 0.0]])
+
+
+# ------------------------------------------- issue 43: verl's other losses, at inputs that reach every branch
+# DPPO reads probabilities (its trust region is on π − π_old, or their binary KL): these inputs keep both in (0, 1)
+# and mix old probabilities close to the new (inside the region), anywhere in (0, 1) (outside it), and below e^−21
+# (ρ > e^20: log ρ clamped, the importance weight capped), with new ones below e^−21 too (log ρ < −20).
+
+
+def _probability_inputs(B: int, T: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+
+    def mixture(close_to=None):
+        choice = torch.randint(0, 3, (B, T), generator=g)
+        tiny = torch.log(torch.rand(B, T, generator=g) * 1e-10 + 1e-12)
+        anywhere = torch.log(torch.rand(B, T, generator=g) * 0.98 + 0.01)
+        near = anywhere if close_to is None else (close_to + 0.05 * torch.randn(B, T, generator=g)).clamp(max=-1e-6)
+        return torch.where(choice == 0, near, torch.where(choice == 1, anywhere, tiny))
+
+    logps = mixture()
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    return dict(logps=logps, old_logps=mixture(close_to=logps), advantages=torch.randn(B, generator=g),
+                completion_mask=(torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).int())
+
+
+def probability_relative_differences(core_algos, method: str, **overrides) -> tuple[float, float]:
+    worst = (0.0, 0.0)
+    for agg in aggregations(method):
+        cfg = get_objective(method, loss_agg_mode=agg, **overrides)
+        for (B, T) in SHAPES:
+            for seed in SEEDS:
+                x = _probability_inputs(B, T, seed)
+                diff = _relative_differences(_ours(cfg, x, seed), _verl(core_algos, method, cfg, x, seed))
+                worst = tuple(max(w, d) for w, d in zip(worst, diff))
+    return worst
+
+
+def all_input_sets():
+    """Every input set the comparisons use: moderate (two spreads), extreme log ρ, probabilities."""
+    for (B, T) in SHAPES:
+        for seed in SEEDS:
+            yield from (_inputs(B, T, seed, 0.2), _inputs(B, T, seed, 1e-4), _probability_inputs(B, T, seed))
+            if (B, T) != SHAPES[-1] and seed != SEEDS[-1]:
+                yield from (_extreme_inputs(B, T, seed, r) for r in EXTREME_LOG_RATIOS)
+
+
+def _region(cfg, lp, old, pos):
+    """DPPO's trust-region tests, each side (stapo.losses.related, written again from verl's definitions)."""
+    p, po = lp.exp(), old.exp()
+    kl = po * (old - lp) + (1 - po) * torch.log((1.0 - po + 1e-8) / (1.0 - p + 1e-8))
+    return {"tv": torch.where(pos, p - po <= cfg.dppo_delta_high, p - po >= -cfg.dppo_delta_low),
+            "kl": torch.where(pos, kl <= cfg.dppo_delta_high, kl <= cfg.dppo_delta_low),
+            "kl_saved": torch.where(pos, p <= po, p >= po)}
+
+
+# per method: the branches, clamps and caps of its loss, as Bool [B, T] of (cfg, log π, log π_old, Â [B, 1])
+BRANCHES = {
+    "dppo_tv": lambda c, lp, old, a: {
+        f"Â{'>0' if s else '≤0'} {where}": ((a > 0) == s) & (inside == _region(c, lp, old, a > 0)["tv"])
+        for s in (True, False) for where, inside in (("inside", True), ("outside", False))} | {
+        "ρ > C (weight capped)": (lp - old).clamp(-20, 20).exp() > c.dppo_is_cap, "log ρ > 20": lp - old > 20,
+        "log ρ < −20": lp - old < -20},
+    "dppo_kl": lambda c, lp, old, a: {
+        f"Â{'>0' if s else '≤0'} {what}": ((a > 0) == s) & hit
+        for s in (True, False) for r in [_region(c, lp, old, torch.full_like(a, s, dtype=torch.bool))]
+        for what, hit in (("KL ≤ δ", r["kl"]), ("KL > δ, saved by the direction", ~r["kl"] & r["kl_saved"]),
+                          ("KL > δ, dropped", ~r["kl"] & ~r["kl_saved"]))} | {
+        "ρ > C (weight capped)": (lp - old).clamp(-20, 20).exp() > c.dppo_is_cap, "log ρ > 20": lp - old > 20,
+        "log ρ < −20": lp - old < -20},
+    "sapo": lambda c, lp, old, a: {"Â>0 (τ_pos)": (a > 0).expand_as(lp), "Â≤0 (τ_neg)": (a <= 0).expand_as(lp),
+                                   "log ρ > 20": lp - old > 20, "log ρ < −20": lp - old < -20},
+    "geo_mean": lambda c, lp, old, a: {
+        "Â>0, log ρ > ε_high (clipped)": (a > 0) & (lp - old > c.eps_high),
+        "Â>0, log ρ < −ε_low (kept)": (a > 0) & (lp - old < -c.eps_low),
+        "Â<0, log ρ < −ε_low (clipped)": (a < 0) & (lp - old < -c.eps_low),
+        "Â<0, log ρ > ε_high (kept)": (a < 0) & (lp - old > c.eps_high),
+        "inside [−ε_low, ε_high]": (lp - old).abs() <= min(c.eps_low, c.eps_high)},
+    "gpg": lambda c, lp, old, a: {"Â>0": (a > 0).expand_as(lp), "Â<0": (a < 0).expand_as(lp)},
+    "dro": lambda c, lp, old, a: {"Â>0": (a > 0).expand_as(lp), "Â<0": (a < 0).expand_as(lp),
+                                  "|log ρ| > 20 (no clamp)": (lp - old).abs() > 20},
+}
+
+
+def branch_counts(method: str) -> dict[str, int]:
+    """How many completion tokens of all the input sets fall in each of ``method``'s BRANCHES."""
+    cfg, counts = get_objective(method), {}
+    for x in all_input_sets():
+        m = x["completion_mask"].bool()
+        for name, hit in BRANCHES[method](cfg, x["logps"], x["old_logps"], x["advantages"].unsqueeze(-1)).items():
+            counts[name] = counts.get(name, 0) + int((hit & m).sum())
+    return counts
+
+
+@pytest.mark.parametrize("method", NEW)
+def test_new_losses_equal_verl_where_every_branch_is_reached(core_algos, method):
+    counts = branch_counts(method)
+    print(f"{method} branches (tokens): {counts}")
+    assert all(n > 0 for n in counts.values()), (method, counts)
+    diff = probability_relative_differences(core_algos, method)
+    assert max(diff) <= TOLERANCE, (method, diff)
+
+
+def _dppo_without_region(cfg, *, logps, old_logps, advantages, completion_mask, **_):
+    return related._dppo(cfg, logps, old_logps, advantages, completion_mask, lambda *a: torch.ones_like(a[0]).bool())
+
+
+def _dppo_cap_20(cfg, **kw):  # verl's fallback when clip_ratio_c is absent, where verl reads it as 3
+    return related.dppo_tv_loss(dataclasses.replace(cfg, dppo_is_cap=20.0), **kw)
+
+
+def _sapo_one_temperature(cfg, **kw):
+    return related.sapo_loss(dataclasses.replace(cfg, sapo_tau_neg=cfg.sapo_tau_pos), **kw)
+
+
+def _geo_mean_symmetric_clip(cfg, *, logps, old_logps, advantages, completion_mask, **_):
+    m, lr = completion_mask.float(), logps.float() - old_logps.float()
+    ratio = torch.exp((torch.clamp(lr, -cfg.eps_low, cfg.eps_high) * m).sum(-1) / (m.sum(-1) + 1e-8))
+    loss = (-advantages.float() * ratio).unsqueeze(-1).expand_as(lr)
+    return related.gpg_loss(cfg, logps=logps, advantages=advantages, completion_mask=completion_mask)._replace(
+        loss=loss)
+
+
+def _gpg_ratio(cfg, *, logps, old_logps, advantages, completion_mask, **_):
+    loss = -torch.exp(logps.float() - old_logps.float()) * advantages.float().unsqueeze(-1)
+    return related.gpg_loss(cfg, logps=logps, advantages=advantages, completion_mask=completion_mask)._replace(
+        loss=loss)
+
+
+def _dro_full_beta(cfg, *, logps, old_logps, advantages, completion_mask, **_):
+    lp = logps.float()
+    loss = -(lp * advantages.float().unsqueeze(-1) - cfg.dro_beta * (lp - old_logps.float()).square())
+    return related.gpg_loss(cfg, logps=logps, advantages=advantages, completion_mask=completion_mask)._replace(
+        loss=loss)
+
+
+BROKEN = {  # method -> (what is wrong, the wrong loss registered under its name)
+    "dppo_tv": ("no trust region (every token keeps its gradient)", _dppo_without_region),
+    "dppo_kl": ("the TV region instead of the binary KL's", related.dppo_tv_loss),
+    "sapo": ("τ_pos for every token (τ_neg never used)", _sapo_one_temperature),
+    "geo_mean": ("log ρ clipped to [−ε_low, ε_high] whatever Â's sign", _geo_mean_symmetric_clip),
+    "gpg": ("−Â·ρ instead of −Â·log π", _gpg_ratio),
+    "dro": ("the penalty β (log ρ)² instead of β/2 (log ρ)²", _dro_full_beta),
+}
+
+
+@pytest.mark.parametrize("method", NEW)
+def test_broken_new_losses_fail_by_a_measured_amount(core_algos, broken_loss, method):
+    """Each broken variant differs from verl by more than 1e-3 (relative, loss or gradient) on some input set;
+    DPPO's cap at verl's fallback 20 instead of clip_ratio_c is seen only where ρ > 3 (the probability inputs)."""
+    what, wrong = BROKEN[method]
+    broken_loss(method, wrong)
+    figures = {"moderate": max_relative_differences(core_algos, method),
+               "probabilities": probability_relative_differences(core_algos, method)}
+    print(f"{method} broken ({what}): (loss, gradient) relative difference to verl {figures}")
+    assert max(max(d) for d in figures.values()) > 1e-3, (method, figures)
+
+
+def test_dppo_cap_at_the_fallback_fails_only_where_rho_exceeds_it(core_algos, broken_loss):
+    broken_loss("dppo_tv", _dppo_cap_20)
+    moderate = max_relative_differences(core_algos, "dppo_tv")
+    probabilities = probability_relative_differences(core_algos, "dppo_tv")
+    print(f"dppo_tv with cap 20 for 3: moderate {moderate}, probabilities {probabilities}")
+    assert max(moderate) <= TOLERANCE < 1e-3 < max(probabilities), (moderate, probabilities)

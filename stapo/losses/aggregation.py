@@ -138,7 +138,7 @@ class SeqMeanTokenSum(Aggregator):
 
     def reduce(self, masked, kept, token_normalizer=None, horizon=None):
         self._no_step_normaliser(token_normalizer)
-        return masked.sum() / max(1, masked.size(0))
+        return masked.sum(-1).sum() / max(1, masked.size(0))  # per completion, then over them: TRL and verl
 
 
 class SeqMeanTokenSumNorm(Aggregator):
