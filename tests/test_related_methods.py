@@ -27,12 +27,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from stapo.losses import registry, related
-from stapo.losses.aggregation import aggregation
+from stapo.losses import related
 from stapo.losses.policy import policy_loss, vanilla_loss
 from stapo.losses.registry import POLICY_LOSSES, register_policy_loss
 from stapo.study import get_objective
 from stapo.study.methods import METHODS
+
+from helpers.loss_inputs import EXTREME_LOG_RATIOS
+from helpers.loss_inputs import extreme_inputs as _extreme_inputs, inputs as _inputs, ours as _ours
+from helpers.loss_inputs import probability_inputs as _probability_inputs, relative_differences as _relative_differences
 
 VERL_VERSION = "0.9.1"
 TOLERANCE = 1e-6
@@ -126,35 +129,6 @@ def core_algos():
                 sys.modules[name] = mod
 
 
-def _inputs(B: int, T: int, seed: int, noise: float) -> dict:
-    """Random log-probs (a fifth rare, π < 0.002), old = new + noise, advantages [B] of both signs, masks with
-    1..T tokens per row and random (finite) values in the padding."""
-    g = torch.Generator().manual_seed(seed)
-    probs = torch.rand(B, T, generator=g) * 0.9 + 0.05
-    probs = torch.where(torch.rand(B, T, generator=g) < 0.2, torch.rand(B, T, generator=g) * 0.002, probs)
-    logps = probs.log()
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    return dict(logps=logps, old_logps=logps + noise * torch.randn(B, T, generator=g),
-                advantages=torch.randn(B, generator=g),
-                completion_mask=(torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).int())
-
-
-def _ours(cfg, x: dict, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    logps = x["logps"].clone().requires_grad_(True)
-    loss, _ = policy_loss(cfg, logps=logps, old_logps=x["old_logps"], advantages=x["advantages"],
-                          entropies=torch.zeros_like(logps), completion_mask=x["completion_mask"],
-                          generator=torch.Generator().manual_seed(seed))
-    loss.backward()
-    with torch.no_grad():  # the loss's scale: the same aggregation of |ℓ| (where the terms cancel, float32's
-        m = x["completion_mask"].bool()  # summation order alone moves the loss by ~1e-7 of this, not of the loss)
-        lp, old = (torch.where(m, x[k], 0.0) for k in ("logps", "old_logps"))
-        per = registry.POLICY_LOSSES[cfg.loss](cfg, logps=lp, old_logps=old, advantages=x["advantages"],
-                                               completion_mask=m, generator=torch.Generator().manual_seed(seed)).loss
-        scale = aggregation(cfg.loss_agg_mode).reduce(torch.where(m, per.abs(), 0.0), m,
-                                                      horizon=cfg.loss_scale_factor)
-    return loss.detach(), logps.grad, scale
-
-
 def _actor_config(method: str, cfg) -> ActorConfig:
     """verl's ActorConfig with ``cfg``'s values where verl reads them."""
     low, high = VERL_CLIP_RANGE.get(method, ("eps_low", "eps_high"))
@@ -178,16 +152,6 @@ def _verl(core_algos, method: str, cfg, x: dict, seed: int) -> tuple[torch.Tenso
                                                          config=config)
     loss.backward()
     return loss.detach(), logps.grad
-
-
-def _relative_differences(a, b) -> tuple[float, float]:
-    """(loss, gradient) relative differences of ours ``a`` (loss, gradient, the loss's scale) to the source's ``b``:
-    the loss's relative to the larger of |loss| and its scale, the gradient's relative to its largest element; inf
-    where either side is not finite (a NaN would pass a max())."""
-    (la, ga, scale), (lb, gb) = a, b
-    diff = (float((la - lb).abs() / torch.maximum(lb.abs(), scale).clamp(min=1e-12)),
-            float((ga - gb).abs().max() / gb.abs().max().clamp(min=1e-12)))
-    return tuple(d if math.isfinite(d) else math.inf for d in diff)
 
 
 def aggregations(method: str) -> tuple[str, ...]:
@@ -302,15 +266,6 @@ def test_a_new_loss_is_one_declaration_and_its_function(monkeypatch):
 # sequence log-ratio at 10 binds: a CISPO clamped at ±10, or a GSPO without its cap, passes test_equals_verl with a
 # difference of exactly 0. These inputs put every token's log ρ near −30, −15, +15 or +30.
 
-EXTREME_LOG_RATIOS = (-30.0, -15.0, 15.0, 30.0)
-
-
-def _extreme_inputs(B: int, T: int, seed: int, log_ratio: float) -> dict:
-    """:func:`_inputs` with every log ρ = log_ratio ± 0.5·N(0, 1)."""
-    x = _inputs(B, T, seed, 0.5)
-    return {**x, "old_logps": x["old_logps"] - log_ratio}
-
-
 def extreme_relative_differences(core_algos, method: str, **overrides) -> dict[float, tuple[float, float]]:
     """Per log ρ region, the largest (loss, gradient) relative difference to verl over AGGREGATIONS × two shapes ×
     two seeds."""
@@ -406,22 +361,6 @@ def test_clip_cov_bounds_are_strict(lb, ub, detached):
 # DPPO reads probabilities (its trust region is on π − π_old, or their binary KL): these inputs keep both in (0, 1)
 # and mix old probabilities close to the new (inside the region), anywhere in (0, 1) (outside it), and below e^−21
 # (ρ > e^20: log ρ clamped, the importance weight capped), with new ones below e^−21 too (log ρ < −20).
-
-
-def _probability_inputs(B: int, T: int, seed: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-
-    def mixture(close_to=None):
-        choice = torch.randint(0, 3, (B, T), generator=g)
-        tiny = torch.log(torch.rand(B, T, generator=g) * 1e-10 + 1e-12)
-        anywhere = torch.log(torch.rand(B, T, generator=g) * 0.98 + 0.01)
-        near = anywhere if close_to is None else (close_to + 0.05 * torch.randn(B, T, generator=g)).clamp(max=-1e-6)
-        return torch.where(choice == 0, near, torch.where(choice == 1, anywhere, tiny))
-
-    logps = mixture()
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    return dict(logps=logps, old_logps=mixture(close_to=logps), advantages=torch.randn(B, generator=g),
-                completion_mask=(torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).int())
 
 
 def probability_relative_differences(core_algos, method: str, **overrides) -> tuple[float, float]:

@@ -25,7 +25,7 @@ from stapo.losses.registry import PerToken, register_policy_loss
 from stapo.study.objective import ObjectiveConfig
 
 __all__ = ["clip_cov_loss", "kl_cov_loss", "gspo_loss", "cispo_loss", "dppo_tv_loss", "dppo_kl_loss", "sapo_loss",
-           "geo_mean_loss", "gpg_loss", "dro_loss"]
+           "geo_mean_loss", "gpg_loss", "dro_loss", "sapo_gates"]
 
 
 def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -159,19 +159,22 @@ def dppo_kl_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, adva
     return _dppo(cfg, logps, old_logps, advantages, completion_mask, valid)
 
 
+def sapo_gates(cfg: ObjectiveConfig, ratio: Tensor, adv: Tensor) -> Tensor:
+    """SAPO's soft gate f(ρ) = σ(τ(ρ − 1)) · 4/τ, τ = sapo_tau_pos where Â > 0 else sapo_tau_neg [B, T]."""
+    tau = torch.where(adv > 0, torch.tensor(cfg.sapo_tau_pos), torch.tensor(cfg.sapo_tau_neg))
+    return torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+
+
 @register_policy_loss("sapo")
 def sapo_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, advantages: Tensor,
               completion_mask: Tensor, **_) -> PerToken:
-    """SAPO (arXiv 2511.20347 Eq. 4; verl 0.9.1 ``compute_policy_loss_sapo``; TRL loss_type="sapo"): ℓ = −Â · f(ρ),
-    f(ρ) = σ(τ(ρ − 1)) · 4/τ, τ = sapo_tau_pos for Â > 0 else sapo_tau_neg, ρ = exp(clamp(log ρ, ±20)) (TRL does
-    not clamp: the same in float32 below |log ρ| ≈ 88, where TRL's gradient turns NaN). Aggregated
-    seq-mean-token-mean only (its declaration)."""
+    """SAPO (arXiv 2511.20347 Eq. 4; verl 0.9.1 ``compute_policy_loss_sapo``): ℓ = −Â · f(ρ) (:func:`sapo_gates`),
+    ρ = exp(clamp(log ρ, ±20)). Aggregated seq-mean-token-mean only (its declaration). TRL's loss_type="sapo" does
+    not clamp (stapo.losses.trl_losses.trl_sapo_loss): a token with log ρ < −20 has gradient 0 here, ~ρ there."""
     lp = logps.float()
     ratio = torch.exp(torch.clamp(lp - old_logps.float(), -cfg.log_ratio_clip, cfg.log_ratio_clip))
     adv = advantages.float().unsqueeze(-1).expand_as(lp)
-    tau = torch.where(adv > 0, torch.tensor(cfg.sapo_tau_pos), torch.tensor(cfg.sapo_tau_neg))
-    gates = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
-    return PerToken(-gates * adv, ratio.detach(), torch.zeros_like(completion_mask), None)
+    return PerToken(-sapo_gates(cfg, ratio, adv) * adv, ratio.detach(), torch.zeros_like(completion_mask), None)
 
 
 @register_policy_loss("geo_mean")

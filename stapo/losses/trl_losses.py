@@ -9,9 +9,10 @@ same inputs (tests/test_trl_losses.py). TRL's ``dr_grpo`` and ``luspo`` loss typ
     sequence_clip  the same on the sequence ratio s_i = exp(mean_t log ρ_it), one value per completion (TRL's
                    importance_sampling_level="sequence": GSPO without verl's cap of log s at 10; LUSPO's)
     vespo          −sg(φ(w_i)) · Â · log π, φ a gamma weight of the sequence ratio w_i = Π_t ρ_it  (arXiv 2602.10693)
+    trl_sapo       verl's SAPO gate (stapo.losses.related.sapo_gates) on ρ = exp(log ρ) unclamped   (arXiv 2511.20347)
 
-SAPO (TRL loss_type="sapo") is verl's form (stapo.losses.related), CISPO likewise: TRL's differ from verl's only in
-the ±20 clamp of log ρ, which float32 cannot see (tests/test_trl_losses.py compares both with TRL too).
+TRL's sapo and cispo differ from verl's only where verl clamps log ρ at ±20: there verl's gradient is 0 and TRL's
+~ρ (tests/test_trl_losses.py measures it). SAPO is declared in both forms; CISPO in verl's.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import torch
 from torch import Tensor
 
 from stapo.losses.registry import PerToken, register_policy_loss
+from stapo.losses.related import sapo_gates
 from stapo.study.objective import ObjectiveConfig
 
-__all__ = ["ppo_clip_loss", "sequence_clip_loss", "vespo_loss", "VESPO_LOG_RATIO_CLIP", "VESPO_LOG_W_MIN"]
+__all__ = ["ppo_clip_loss", "sequence_clip_loss", "vespo_weights", "vespo_loss", "trl_sapo_loss",
+           "VESPO_LOG_RATIO_CLIP", "VESPO_LOG_W_MIN"]
 
 VESPO_LOG_RATIO_CLIP = 20.0  # TRL clamps each token's log ρ to ±20 before summing ...
 VESPO_LOG_W_MIN = math.log(1e-8)  # ... and the sequence's log w to [log 1e-8, 20]
@@ -85,3 +88,15 @@ def vespo_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, advant
     adv = advantages.float().unsqueeze(-1)
     phi = vespo_weights(cfg, log_ratio, completion_mask.float(), adv)
     return PerToken(-phi * adv * lp, torch.exp(log_ratio).detach(), torch.zeros_like(completion_mask), None)
+
+
+@register_policy_loss("trl_sapo")
+def trl_sapo_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, advantages: Tensor,
+                  completion_mask: Tensor, **_) -> PerToken:
+    """SAPO as TRL 1.16 computes it (arXiv 2511.20347 Eq. 4; loss_type="sapo"): ℓ = −Â · σ(τ(ρ − 1)) · 4/τ with
+    ρ = exp(log ρ) unclamped (verl clamps log ρ at ±20: stapo.losses.related.sapo_loss). Beyond log ρ ≈ 88, exp
+    overflows float32 and the gradient is NaN, as TRL's (the trainer's non-finite guard stops such a run)."""
+    lp = logps.float()
+    ratio = torch.exp(lp - old_logps.float())
+    adv = advantages.float().unsqueeze(-1).expand_as(lp)
+    return PerToken(-sapo_gates(cfg, ratio, adv) * adv, ratio.detach(), torch.zeros_like(completion_mask), None)

@@ -141,8 +141,7 @@ declare("dppo_kl", label="DPPO-KL", family=Family.VERL, loss="dppo_kl",
         dppo_delta_low=0.2, dppo_delta_high=0.2, dppo_is_cap=3.0)
 # SAPO (arXiv 2511.20347; compute_policy_loss_sapo, TRL loss_type="sapo"): a soft gate σ(τ(ρ − 1))·4/τ instead of
 # the clip, τ 1.0 / 1.05 (actor.yaml tau_pos / tau_neg, TRL's defaults too); verl aggregates it seq-mean-token-mean
-# whatever loss_agg_mode says, as TRL's sapo does. TRL's form differs from verl's only in verl's ±20 clamp of log ρ,
-# which no float32 loss or gradient can tell below |log ρ| ≈ 88 (tests/test_trl_losses.py compares it with both).
+# whatever loss_agg_mode says, as TRL's sapo does. TRL's form differs in verl's ±20 clamp of log ρ only: sapo_trl.
 declare("sapo", label="SAPO", family=Family.VERL, loss="sapo", params=("sapo_tau_pos", "sapo_tau_neg"),
         only_agg="seq-mean-token-mean", sapo_tau_pos=1.0, sapo_tau_neg=1.05)
 # GMPO (arXiv 2507.20673; compute_policy_loss_geo_mean): −Â times the geometric mean of the token ratios, each log ρ
@@ -175,3 +174,8 @@ declare("luspo", label="LUSPO", family=Family.TRL, loss="sequence_clip", eps_low
 declare("vespo", label="VESPO", family=Family.TRL, loss="vespo",
         params=("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
         vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)
+# SAPO as TRL computes it (loss_type="sapo"): verl's gate without verl's ±20 clamp of log ρ (where every token of a
+# call is beyond −20, verl's gradient is 0 and TRL's ~ρ: tests/test_trl_losses.py measures it); TRL's defaults τ
+# 1.0 / 1.05 and its grpo normalisation, seq-mean-token-mean.
+declare("sapo_trl", label="SAPO (TRL)", family=Family.TRL, loss="trl_sapo", params=("sapo_tau_pos", "sapo_tau_neg"),
+        only_agg="seq-mean-token-mean", sapo_tau_pos=1.0, sapo_tau_neg=1.05)
