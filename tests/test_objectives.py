@@ -736,7 +736,12 @@ def test_protocol_names_are_in_the_schema_and_validated():
 
     props = study.study_schema()["properties"]["methods"]["additionalProperties"]["properties"]
     assert props["loss_agg_mode"]["enum"] == list(AGG_MODES) == [
-        "token-mean", "token-mean-per-micro-batch", "seq-mean-token-mean"]
+        "token-mean", "token-mean-per-micro-batch", "seq-mean-token-mean", "seq-mean-token-sum",
+        "seq-mean-token-sum-norm"]
+    # a method whose source defines one aggregation (verl's sapo and geo_mean ignore loss_agg_mode) refuses others
+    assert METHODS["sapo"].loss_agg_mode == METHODS["geo_mean"].loss_agg_mode == "seq-mean-token-mean"
+    with pytest.raises(ValueError, match=r"^loss_agg_mode: geo_mean aggregates as seq-mean-token-mean only"):
+        get_objective("geo_mean", loss_agg_mode="token-mean")
     assert props["quantile_scope"]["enum"] == list(SCOPES) == ["mini_batch", "micro_batch", "micro_batch_local_topk"]
     assert (METHODS["stapo"].loss_agg_mode, METHODS["stapo"].quantile_scope) == ("token-mean", "mini_batch")
     # the release's scope normalises per micro-batch: any other aggregation is refused, naming the key
@@ -861,8 +866,9 @@ def test_aggregation_and_scope_are_enums_with_their_behaviour():
     assert cfg.loss_agg_mode is AggMode.TOKEN_MEAN_PER_MICRO_BATCH
     assert cfg.quantile_scope is QuantileScope("micro_batch_local_topk")
     assert cfg.loss_agg_mode == "token-mean-per-micro-batch" and f"{cfg.loss_agg_mode}" == "token-mean-per-micro-batch"
-    assert [m.trl_loss_type for m in AggMode] == ["dapo", "bnpo", "grpo"]
-    assert [aggregation(m).step_normaliser for m in AggMode] == [True, False, False]  # stapo.losses.aggregation
+    assert [m.trl_loss_type for m in AggMode] == ["dapo", "bnpo", "grpo", "luspo", "dr_grpo"]
+    assert [aggregation(m).step_normaliser for m in AggMode] == [True, False, False, False, False]
+    assert [m.params for m in AggMode] == [(), (), (), (), ("loss_scale_factor",)]
     assert [s.per_step for s in QuantileScope] == [True, False, False]
     assert [s.gathered for s in QuantileScope] == [True, True, False]
     assert list(AGG_MODES) == [m.value for m in AggMode] and list(SCOPES) == [s.value for s in QuantileScope]
@@ -873,6 +879,11 @@ def test_aggregation_and_scope_are_enums_with_their_behaviour():
     # a loss's own parameters are recorded for its method alone: the others' records stay as they were
     assert "clip_cov_ratio" not in METHODS["stapo"].as_dict() and "clip_cov_ratio" in METHODS["clip_cov"].as_dict()
     assert "ppo_kl_coef" in METHODS["kl_cov"].as_dict() and "kl_cov_ratio" not in METHODS["clip_cov"].as_dict()
+    # an aggregation's own parameter likewise: Dr. GRPO's horizon only where seq-mean-token-sum-norm reads it
+    assert "loss_scale_factor" in METHODS["dr_grpo"].as_dict() and "loss_scale_factor" not in METHODS["stapo"].as_dict()
+    assert "loss_scale_factor" in get_objective("stapo", loss_agg_mode="seq-mean-token-sum-norm").as_dict()
+    assert METHODS["dr_grpo"].with_horizon(48).loss_scale_factor == 48 and METHODS["stapo"].with_horizon(48) is METHODS[
+        "stapo"]
 
 
 def test_every_objective_field_documents_itself():

@@ -150,7 +150,7 @@ class SeqMeanTokenSumNorm(Aggregator):
 
     def reduce(self, masked, kept, token_normalizer=None, horizon=None):
         self._no_step_normaliser(token_normalizer)
-        return masked.sum() / (max(1, masked.size(0)) * (masked.size(-1) if horizon is None else horizon))
+        return masked.sum() / (max(1, masked.size(0)) * (max(1, masked.size(-1)) if horizon is None else horizon))
 
 
 _AGGREGATORS = {AggMode.TOKEN_MEAN: TokenMean(), AggMode.TOKEN_MEAN_PER_MICRO_BATCH: MicroBatchTokenMean(),
