@@ -334,15 +334,17 @@ def test_per_micro_batch_gradient_is_the_sequence_weighted_token_means(tmp_path,
         assert max(float((got[n] - glob[n]).abs().max() / glob[n].abs().max()) for n in got) > 0.05
 
 
-@pytest.mark.parametrize("method", ["clip_cov", "kl_cov", "gspo", "cispo"])
+@pytest.mark.parametrize("method", ["clip_cov", "kl_cov", "gspo", "cispo", "dr_grpo", "luspo"])
 def test_related_methods_accumulate_their_own_loss(tmp_path, method):
     """The methods that own their loss go through the trainer as the mask methods do: two micro-batches give the
     gradient of their loss under its aggregation (token-mean: one denominator, the step's tokens; GSPO's
-    seq-mean-token-mean: each micro-batch weighted by its 4 of the step's 8 sequences)."""
+    seq-mean-token-mean, LUSPO's seq-mean-token-sum, Dr. GRPO's seq-mean-token-sum-norm: each micro-batch weighted by
+    its 4 of the step's 8 sequences; Dr. GRPO's L the recipe's max_completion_length, 8, set by the plan)."""
     recipe = tiny_recipe(reward="dapo_strict")
     recipe["methods"] = {method: {"objective": method}}
     plan, trainer = accumulating_trainer(tmp_path, recipe, method)
     assert trainer.args.loss_type == plan.objective.loss_agg_mode.trl_loss_type
+    assert plan.objective.loss_scale_factor == (8 if method == "dr_grpo" else None)
     batches = two_micro_batches()
     got = trainer_gradients(trainer, batches)
     tokens = sum(float(b["completion_mask"].sum()) for b in batches)
@@ -420,8 +422,11 @@ def test_each_method_trains_and_writes_outputs(tiny_run, method):
     assert len(changed) >= len(before) // 2, changed
 
 
+RELATED = [k for k, m in DECLARED_METHODS.items() if m.family.value in ("verl", "trl")]  # every method of verl / TRL
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["clip_cov", "kl_cov", "gspo", "cispo"])
+@pytest.mark.parametrize("method", RELATED)
 def test_each_related_method_trains_one_step(tmp_path, coin, method):
     """The methods that own their loss train end to end (one step: cheap); their run records their parameters."""
     recipe = tiny_recipe(max_steps=1)

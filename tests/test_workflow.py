@@ -83,9 +83,18 @@ def test_ablations_overlay_adds_methods_on_one_model(tmp_path):
 
 
 def test_related_overlay_plans_every_methods_training(tmp_path):
-    """configs/related.yaml: the paper's four and the four related methods, each trained on the paper's recipe."""
+    """configs/related.yaml: the paper's four and every method of verl's and TRL's, each trained on the paper's
+    recipe."""
+    from stapo.study.methods import METHODS, Family
+
     related = REPO / "configs" / "related.yaml"
-    methods = ["grpo", "entropy20", "justrl", "stapo", "clip_cov", "kl_cov", "gspo", "cispo"]
+    methods = [k for k, m in METHODS.items() if m.family in (Family.PAPER, Family.VERL, Family.TRL)]
+    assert len(methods) == 4 + 10 + 4
+    from stapo.study import get_objective
+
+    for key, entry in yaml.safe_load(related.read_text())["methods"].items():  # the overlay restates the defaults
+        entry = dict(entry)
+        assert get_objective(entry.pop("objective"), **entry) == get_objective(key), key
     res = snakemake("-n", "--quiet", "rules", "--configfile", PAPER, related, "--", "results/table.md", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert job_counts(res.stdout)["train_nodes"] == len(methods)
