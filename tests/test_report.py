@@ -565,3 +565,37 @@ def test_footnotes_name_per_method_training_overrides(tmp_path):
             "prompts_per_generation 512, num_generations 16, prompts_per_step 32.") in table
     report.write_report(scores, runs, tmp_path / "plain", study_of("p"))
     assert "Per-method training overrides" not in (tmp_path / "plain" / "table.md").read_text()
+
+
+def test_rows_and_curves_are_grouped_by_family(tmp_path):
+    """The paper's four, verl's losses and TRL's loss types (stapo.study.methods.Family) each under a heading row
+    of the table, in family order whatever the study's order; each family's curves in its own line style, with one
+    grey legend entry per family."""
+    from stapo.report.figures import _family_styles, draw_figure
+
+    methods = ("vespo", "grpo", "dppo_tv", "stapo", "dr_grpo")
+    scores, runs = tmp_path / "scores", tmp_path / "runs"
+    for i, method in enumerate(("base",) + methods):
+        for setting in SETTINGS:
+            _summary(scores / "m" / method / ("base" if method == "base" else "final") / "arith" /
+                     f"{setting}.summary.json", 10 + i)
+        if method != "base":
+            (runs / "m" / method).mkdir(parents=True)
+            (runs / "m" / method / "metrics.jsonl").write_text(
+                "".join(json.dumps({"step": s, "entropy_mean": 0.1 * i + s}) + "\n" for s in (1, 2, 3)))
+    study = study_of("grouped", models=("m",), methods=methods)
+    report.write_report(scores, runs, tmp_path / "results", study)
+    table = (tmp_path / "results" / "table.md").read_text()
+    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")][1:]
+    assert rows == ["Base", "**The paper's four (STAPO, Table 2)**", "GRPO", "STAPO", "**verl 0.9.1's policy losses**",
+                    "DPPO-TV", "**TRL 1.16's loss types**", "Dr. GRPO", "VESPO"]
+    assert "| **verl 0.9.1's policy losses** | | |" in table  # a heading row: empty cells
+    tex = (tmp_path / "results" / "table.tex").read_text()
+    assert r"\midrule \multicolumn{3}{l}{\emph{TRL 1.16's loss types}} \\" in tex
+    scores_, metrics = report.load_scores(scores), report.load_metrics(runs)
+    panel = figure_series("entropy", "m", scores_, metrics, list(methods), study=study)
+    assert {m: style for m, (style, _) in _family_styles(panel, study).items()} == {
+        "grpo": "-", "stapo": "-", "dppo_tv": "--", "vespo": ":", "dr_grpo": ":"}
+    fig = draw_figure("entropy", "m", scores_, metrics, list(methods), study=study)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels[-3:] == ["The paper's four (STAPO, Table 2)", "verl 0.9.1's policy losses", "TRL 1.16's loss types"]

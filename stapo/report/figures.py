@@ -14,6 +14,9 @@ series, drawing, caption; its loop writes them). Kinds (``FIGURE_KINDS``), all m
                         count-weighted over the logged steps of diagnostics.jsonl, one bar group per method
     entropy_quantiles   the 10/25/50/75/90 % token-entropy quantiles of diagnostics.jsonl vs step
 
+The metric curves and accuracy points of a method take its family's line style (accuracy: marker): the paper's four,
+the ablations, verl's losses, TRL's (stapo.study.methods.Family), with one grey legend entry per family present.
+
 x is the paper's training step, the rollout batch (verl's step): the optimiser steps of one rollout batch are
 averaged, as verl logs them, and ``checkpoint-N`` (named by TRL's optimiser step N) sits at its rollout step.
 Labels, the curve benchmark and the order of the settings come from the study (stapo.study.Study; the paper's
@@ -29,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from stapo import study as stapo_study
 from stapo.report.kinds import GROUPS, FIGURES, FigureInputs, FigureKind, register_figure
+from stapo.study.methods import Family
 
 __all__ = ["FIGURE_KINDS", "Series", "Panel", "figure_series", "draw_figure", "mark_identical", "STEP_LABEL",
            "settings_order", "curve_benchmark"]
@@ -297,21 +301,24 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
             text += f" (= {study.label(what, series.same_as)}, drawn over it)"
         return text
 
+    group = _family_styles(panel, study)
     if kind in METRIC_PANELS:  # markers on short runs, so identical curves (e.g. before divergence) stay visible
         for s in panel.series:
-            line, = ax.plot(s.steps, s.values, label=label("methods", s.method, s), lw=1.4,
+            line, = ax.plot(s.steps, s.values, group[s.method][0], label=label("methods", s.method, s), lw=1.4,
                             marker="o" if len(s.steps) <= 30 else None, ms=7 - 1.5 * (methods.index(s.method) % 4),
                             alpha=0.85)
             if s.lo:  # several seeds: the curve is their mean, the band their range
                 ax.fill_between(s.steps, s.lo, s.hi, color=line.get_color(), alpha=0.2, lw=0)
+        _family_legend(ax, group, study, markers=False)
     elif kind == "accuracy":
         variants = list(dict.fromkeys(s.variant for s in panel.series))
         for s in panel.series:
             style = ("-", "--", ":", "-.")[variants.index(s.variant) % 4]
-            line, = ax.plot(s.steps, s.values, style, marker="o", ms=3,
+            line, = ax.plot(s.steps, s.values, style, marker=group[s.method][1], ms=3,
                             label=f"{label('methods', s.method, s)} {label('settings', s.variant)}")
             if s.lo:
                 ax.fill_between(s.steps, s.lo, s.hi, color=line.get_color(), alpha=0.12, lw=0)
+        _family_legend(ax, group, study, markers=True)
     elif kind == "quadrants":
         width = 0.8 / max(1, len(panel.series))
         for j, s in enumerate(panel.series):
@@ -345,6 +352,27 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
         ax.axhline(SILENCED_REFERENCE, color="grey", ls=":", lw=1, label="1e-4")
 
 
+FAMILY_LINES, FAMILY_MARKERS = ("-", "-.", "--", ":"), ("o", "v", "s", "^")  # per Family, in its order
+
+
+def _family_styles(panel: Panel, study) -> dict[str, tuple[str, str]]:
+    """{method: (line style, marker)} of its family (stapo.study.methods.Family: the paper's four, ablations, verl's,
+    TRL's), so a figure of many methods reads by group; the base model and undeclared keys: the paper's."""
+    order = list(Family)
+    return {s.method: (FAMILY_LINES[i], FAMILY_MARKERS[i]) for s in panel.series
+            for i in [order.index(study.family(s.method)) if study.family(s.method) else 0]}
+
+
+def _family_legend(ax, styles: dict, study, markers: bool) -> None:
+    """Where the panel's methods come from several families: one grey legend entry per family's style."""
+    families = sorted({f for f in map(study.family, styles) if f is not None}, key=list(Family).index)
+    if len(families) > 1:
+        for f in families:
+            i = list(Family).index(f)
+            ax.plot([], [], FAMILY_LINES[i], marker=FAMILY_MARKERS[i] if markers else None, color="grey", lw=0.9,
+                    label=f.title)
+
+
 def draw_figure(kind: str, model: str, scores: list, metrics: dict, methods: list[str],
                 diagnostics: dict | None = None, study=None, panel: Panel | None = None):
     """One matplotlib figure of ``kind`` for ``model``: the :func:`figure_series` panel (``panel``: already
@@ -362,8 +390,9 @@ def draw_figure(kind: str, model: str, scores: list, metrics: dict, methods: lis
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
     elif ax.get_legend_handles_labels()[0]:
         above = kind in ("quadrants", "entropy_quantiles")  # these panels leave room for the legend at the top
-        ax.legend(fontsize=7, frameon=False, loc="upper right" if above else "best",
-                  ncol=4 if kind == "entropy_quantiles" else 1)
+        many = len(ax.get_legend_handles_labels()[0]) > 8  # verl's and TRL's methods beside the paper's
+        ax.legend(fontsize=5 if many else 7, frameon=False, loc="upper right" if above else "best",
+                  ncol=4 if kind == "entropy_quantiles" else 2 if many else 1)
     ax.set_title(f"{study.label('models', model)}: {kind}", fontsize=10)
     fig.tight_layout()
     return fig

@@ -5,7 +5,9 @@ Inputs (read by stapo.report.results):
     runs/<model>/<method>/metrics.jsonl                                 one line per optimiser step (``stapo train``)
     runs/<model>/<method>/diagnostics.jsonl, silenced_examples.jsonl   token diagnostics (train.diagnostics_every)
 Outputs (under ``--out``, each written atomically):
-    table.md     per model: rows = methods (+ the untrained base), columns = benchmarks + Avg, each cell the
+    table.md     per model: rows = methods (+ the untrained base), grouped under a heading row per family where
+                 several are present (the paper's four, the ablations, verl 0.9.1's losses, TRL 1.16's loss types:
+                 stapo.study.methods.Family), columns = benchmarks + Avg, each cell the
                  accuracy (%) at the study's first sampling setting, the others in parentheses (the paper's:
                  "T1.0 (T0.7)" = (T 1.0, top-p 1.0) and (T 0.7, top-p 0.9)); for the paper's models the
                  paper's v2 numbers and our Δ follow each method's row. Where the evaluation ran the LLM verifier
@@ -80,7 +82,7 @@ def _layout(scores: list[Score], study: stapo_study.Study) -> dict[str, dict]:
         mine = [s for s in scores if s.model == model and s.ckpt == ("base" if s.method == "base" else "final")]
         cells = {(s.method, s.benchmark, s.setting): s for s in mine}
         layout[model] = {
-            "methods": _ordered({m for m, _, _ in cells}, method_order),
+            "methods": study.grouped(_ordered({m for m, _, _ in cells}, method_order)),
             "benchmarks": _ordered({b for _, b, _ in cells}, list(BENCHMARKS) + list(study.eval.benchmarks)),
             "settings": settings_order(study, mine),
             "cells": cells,
@@ -145,10 +147,16 @@ def _rule_values(entry, method) -> dict[tuple[str, str], float | str | None]:
     return {k: rule[k] if corrected[k] is not None else "uncorrected" for k in rule}
 
 
-def table_rows(entry: dict, model: str, paper: dict, study: stapo_study.Study) -> list[tuple[str, list[str]]]:
-    """``[(row label, [cell per benchmark + Avg])]`` for one model: ours, then paper v2 and Δ for paper models."""
+def table_rows(entry: dict, model: str, paper: dict, study: stapo_study.Study) -> list[tuple[str, list[str] | None]]:
+    """``[(row label, [cell per benchmark + Avg])]`` for one model: ours, then paper v2 and Δ for paper models;
+    where the methods come from several families (the paper's four, verl's, TRL's: Study.family), each family's
+    rows follow a heading row ``(its title, None)``."""
     columns, settings, rows = entry["benchmarks"] + ["avg"], entry["settings"], []
-    for method in entry["methods"]:
+    families = {study.family(m) for m in entry["methods"]} - {None}
+    for i, method in enumerate(entry["methods"]):
+        family = study.family(method)
+        if len(families) > 1 and family is not None and (i == 0 or study.family(entry["methods"][i - 1]) != family):
+            rows.append((family.title, None))
         ours = _row_values(entry, method)
         name = study.label("methods", method)
         rule = _rule_values(entry, method) if _verified(entry) else None
@@ -298,7 +306,9 @@ def render_markdown(layout: dict, paper: dict, study: stapo_study.Study, runs: d
             lines += ["Each cell: **verifier-corrected / rule-only** accuracy (%).", ""]
         lines.append("| Method | " + " | ".join(study.label("benchmarks", b) for b in benches) + " | Avg |")
         lines.append("|---|" + "---|" * (len(benches) + 1))
-        lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in table_rows(entry, model, paper, study)]
+        lines += [f"| {name} | " + " | ".join(cells) + " |" if cells is not None else  # a family's heading row
+                  f"| **{name}** |" + " |" * (len(benches) + 1)
+                  for name, cells in table_rows(entry, model, paper, study)]
         lines.append("")
         lines += [f"{i}. {note}" for i, note in enumerate(_footnotes(entry, model, study, runs), 1)]
         lines.append("")
@@ -326,7 +336,8 @@ def render_latex(layout: dict, paper: dict, study: stapo_study.Study) -> str:
                 r"\begin{tabular}{l" + "c" * (len(benches) + 1) + "}", r"\toprule",
                 " & ".join(["Method"] + [_tex_escape(study.label("benchmarks", b)) for b in benches] + ["Avg"])
                 + r" \\", r"\midrule"]
-        out += [" & ".join(_tex_escape(x) for x in [name] + cells) + r" \\"
+        out += [" & ".join(_tex_escape(x) for x in [name] + cells) + r" \\" if cells is not None else
+                rf"\midrule \multicolumn{{{len(benches) + 2}}}{{l}}{{\emph{{{_tex_escape(name)}}}}} \\"
                 for name, cells in table_rows(entry, model, paper, study)]
         out += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
     return "\n".join(out)

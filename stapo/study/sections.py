@@ -13,6 +13,7 @@ from stapo.core.errors import UserError
 from stapo.core.fields import option
 from stapo.models import check_spec
 from stapo.study.evaluation import EvalSection
+from stapo.study.methods import METHODS as DECLARED_METHODS, Family
 from stapo.study.objective import ObjectiveConfig
 from stapo.study.train import TrainSettings, train_settings
 
@@ -162,6 +163,17 @@ class Study:
     source: str = "config"
     labels: dict = field(default_factory=dict)  # {"methods": {key: label}}: the study's own labels (``label``)
     method_train: dict = field(default_factory=dict)  # {method: its ``train`` overrides} (methods.<key>.train)
+
+    def family(self, method: str) -> Family | None:
+        """The report's group of ``method`` (stapo.study.methods.Family: the paper's four, ablations, verl's,
+        TRL's): its objective's declaration; None for the base model and keys no declaration knows."""
+        objective = self.methods[method].method if method in self.methods else method
+        return DECLARED_METHODS[objective].family if objective in DECLARED_METHODS else None
+
+    def grouped(self, methods) -> list[str]:
+        """``methods`` in their order, stably grouped by :meth:`family` (the base model first)."""
+        order = list(Family)
+        return sorted(methods, key=lambda m: -1 if self.family(m) is None else order.index(self.family(m)))
 
     def label(self, kind: str, key: str) -> str:
         """What tables and figures call ``key`` of ``kind`` ("models", "methods", "benchmarks", "settings"): the
