@@ -21,11 +21,14 @@ probability rose a lot since sampling (ρ > c), typically rare tokens (π_old �
     stapo      Σ k ℓ / max(1, Σ k),  k = m ∧ ¬S2T                               (paper Eq. stapo_loss)
 
 Related methods own their per-token loss (a method's declaration names it; :data:`POLICY_LOSSES`), aggregated as
-above: Clip-Cov, KL-Cov, GSPO and CISPO, each equal to verl 0.9.1's function (stapo/losses/related.py).
+above: verl 0.9.1's others (Clip-Cov, KL-Cov, GSPO, CISPO, DPPO, SAPO, GMPO, GPG, DRO), each equal to verl's function
+(stapo/losses/related.py), and TRL 1.16's (its clipped surrogate, VESPO, SAPO), each equal to TRL's trainer
+(stapo/losses/trl_losses.py).
 
 
 Masks (which tokens are kept or silenced): stapo.losses.masks. Silenced and dropped tokens leave both the numerator
-and the denominator. Aggregation (``loss_agg_mode``: token-mean, token-mean-per-micro-batch, seq-mean-token-mean):
+and the denominator. Aggregation (``loss_agg_mode``: token-mean, token-mean-per-micro-batch, seq-mean-token-mean,
+seq-mean-token-sum, seq-mean-token-sum-norm):
 stapo.losses.aggregation, which also owns how the trainer weighs micro-batches and ranks.
 """
 

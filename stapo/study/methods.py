@@ -1,14 +1,15 @@
 """The methods a study can train, one declaration each; every other list of methods derives from here.
 
 A method is a token mask (which completion tokens enter the loss), a per-token loss (verl's clipped surrogate
-unless the method owns its loss, as Clip-Cov, KL-Cov, GSPO and CISPO do) and the paper's hyper-parameters (the
+unless the method owns its loss, as verl's and TRL's other methods do) and the paper's hyper-parameters (the
 fields of stapo.study.ObjectiveConfig, documented there one by one). Its declaration names:
 
     key               what configs, paths and ``methods.<key>.objective`` use
     label             what tables and figures show (a study may override it with ``methods.<key>.label``)
     token_mask        the mask function, registered in stapo.losses.registry with ``@register_token_mask(name)``
                       (the masks: stapo/losses/masks.py; "all": every completion token)
-    loss              the per-token loss, registered with ``@register_policy_loss(name)`` (policy.py, related.py;
+    loss              the per-token loss, registered with ``@register_policy_loss(name)`` (policy.py, related.py,
+                      trl_losses.py;
                       "vanilla": verl's clipped surrogate with dual clip, the paper's Eq. 1-2)
     params            the ObjectiveConfig fields only this method's loss reads (recorded in a run's config.yaml for
                       this method alone)
