@@ -228,8 +228,8 @@ class ObjectiveConfig:
             raise ValueError(f"clip_cov_lb: must be < clip_cov_ub, got {self.clip_cov_lb} >= {self.clip_cov_ub}")
         only = METHODS[self.method].only_agg
         if only is not None and self.loss_agg_mode is not AggMode(only):
-            raise ValueError(f"loss_agg_mode: {self.method} aggregates as {only} only (its source's function ignores "
-                             f"loss_agg_mode), got {self.loss_agg_mode.value!r}")
+            raise ValueError(f"loss_agg_mode: {self.method} aggregates as {only} only (its source defines no other: "
+                             f"it ignores loss_agg_mode), got {self.loss_agg_mode.value!r}")
         need = self.quantile_scope.required_agg
         if need is not None and self.loss_agg_mode is not need:
             raise ValueError(f"quantile_scope: {self.quantile_scope} normalises per micro-batch (the 80/20 release); "
