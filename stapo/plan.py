@@ -43,6 +43,7 @@ from stapo import stage_model
 from stapo.core.atomic import atomic_write_json
 from stapo.core.errors import UserError
 from stapo.study import Study, load, parse, split_run
+from stapo.study.evaluation import Backend
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS
 
 __all__ = ["Jobs", "Throughputs", "MODEL_PARAMS_B", "workflow_jobs", "parse_summary", "load_throughputs",
@@ -99,6 +100,11 @@ class Throughputs:
     def on_cpu(self) -> bool:
         """Measured on a CPU (``device: cpu``, or gpu_check's ``gpu: cpu (smoke)``)."""
         return self.device == "cpu" or str(self.gpu or "").lower().startswith("cpu")
+
+    @property
+    def vllm_rollouts(self) -> bool:
+        """The rollout rate was measured with vLLM (gpu_check's default), not HF ``generate``."""
+        return Backend(self.rollout_engine or Backend.VLLM) is Backend.VLLM
 
     @property
     def origin(self) -> str:
@@ -251,7 +257,7 @@ def stage_rates(tp: Throughputs) -> stage_model.Rates:
         override["update_utilization"] = tp.train_tokens_per_s * flops_per_token / (g.peak_tflops * 1e12)
         sources["update_utilization"] = f"{where}: update {tp.train_tokens_per_s:,.0f} tok/s on " \
                                         f"{tp.reference_params_b} B"
-    if tp.rollout_tokens_per_s is not None and (tp.rollout_engine or "vllm") == "vllm":
+    if tp.rollout_tokens_per_s is not None and tp.vllm_rollouts:
         unit = dataclasses.replace(base, decode_efficiency=1.0)
         n, r = tp.rollout_completions, tp.rollout_response_tokens
         modelled = n * r / stage_model.decode_seconds([r] * n, 200.0, ref, g, 0.5, unit)
@@ -349,7 +355,7 @@ def estimate(jobs: Jobs, study: Study, tp: Throughputs, *, prompt_tokens: float 
                       "sources": rates.sources},
             "verl_anchor": {"modelled": modelled, "published": published, "mean_response": anchor_mean},
             "nemo_rl_anchor": dict(zip(("modelled", "published"), stage_model.nemo_check(rates))),
-            "throughputs": {**asdict(tp), "on_cpu": tp.on_cpu, "origin": tp.origin},
+            "throughputs": {**asdict(tp), "on_cpu": tp.on_cpu, "origin": tp.origin, "vllm_rollouts": tp.vllm_rollouts},
             "paper_run_gpu_hours": list(PAPER_RUN_GPU_HOURS), "paper_run_days": list(PAPER_COST["days"])}
 
 
@@ -428,7 +434,7 @@ def format_plan(plan: dict) -> str:
     lines += stage_lines(plan)
     tp = plan["throughputs"]
     ref = f"reference {tp['reference_params_b']} B" if tp.get("reference_params_b") else "per model"
-    if tp.get("rollout_tokens_per_s") is not None and (tp.get("rollout_engine") or "vllm") != "vllm":
+    if tp.get("rollout_tokens_per_s") is not None and not tp.get("vllm_rollouts"):
         lines.append(f"rollout {tp['rollout_tokens_per_s']:,.0f} tok/s/GPU was measured with {tp['rollout_engine']} "
                      "generate, not vLLM: not used (the decode efficiency stays the calibrated one)")
     lines.append(f"throughputs ({tp.get('source', 'command line')}; {tp.get('gpu') or 'GPU not named'}, {ref}): "
