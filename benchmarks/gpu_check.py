@@ -472,7 +472,9 @@ def summarize(train: dict[str, dict], ev: dict | None, gpu: str, reference_param
                    "measured": date or time.strftime("%Y-%m-%d"), "rollout_engine": engine,
                    "reference_params_b": reference_params_b,
                    "rollout_tokens_per_s": round(ref["rollout_tokens_per_s"], 1),
-                   "train_tokens_per_s": round(ref["train_tokens_per_s"], 1)}
+                   "train_tokens_per_s": round(ref["train_tokens_per_s"], 1),
+                   "rollout_completions": ref["completions"],  # the measured batch: stapo plan's decode model
+                   "rollout_response_tokens": round(ref["response_tokens_mean"], 1)}
     long = ref["probes"].get("long")
     if long:  # the update at a long sequence (one micro-batch), measured rather than extrapolated
         throughputs.update(long_length=long["length"], train_tokens_per_s_long=round(long["tokens_per_s"], 1))

@@ -6,31 +6,28 @@ train and evaluate jobs are read off their output paths (``runs/<model>/<method>
 ``scores/<model>/<method>/<ckpt>/<benchmark>/<setting>.summary.json``). The recipe is the resolved config the
 workflow resolves (first file, overlays deep-merged; stapo.study), so the estimate reads what the jobs read.
 
-Cost model (GPU-seconds; throughputs are per GPU and, unless given per model, measured on a reference model of
-``reference_params_b`` billion parameters and scaled by reference / model parameters, as FLOPs per token are):
+Cost model. Training (stapo.stage_model): the wall seconds of one rollout step, stage by stage as the paper's verl
+runs it on the run's GPUs (``--gpu``, default the paper's H20): vLLM rollout to the last token of the longest
+response (log-normal lengths, sequences in flight per GPU bounded by the KV cache), the old-policy (and KL reference)
+forward, the update's FLOPs with attention and gradient-checkpointing recompute, gradient reduce-scatter and weight
+sync at the topology, checkpoint writes; × max_steps (rollout batches, stapo.core.schedule). GPU-hours = wall ×
+GPUs. The rates come from stapo/reference/rates.yaml, each with its source, the forward and decode ones calibrated
+on verl's published DAPO step on 64 H20; ``benchmarks/gpu_check.py``'s measurements replace them (the update
+utilisation from its update rate, the decode efficiency from a vLLM rollout rate only: an HF ``generate`` rate is
+printed and not used). Evaluation, per job: problems · samples · E / eval_tps + engine_start_s · eval GPUs, the
+eval rate (shipped: ``stapo/reference/throughputs.yaml``, an analytic estimate; or measured) scaled by reference /
+model parameters.
 
-    train, per (model, method) run:  max_steps · [G·R / rollout_tps + G·I·(P + R) / train_tps · k]
-        max_steps counts training steps = rollout batches (stapo.core.schedule), G = prompts_per_generation ·
-        num_generations completions per rollout batch, I = num_iterations, R = mean response tokens,
-        P = mean prompt tokens, train_tps = policy forward + backward tokens/s; k = 1 + 1/3 per extra forward
-        pass over the tokens (a forward is ~1/3 of forward + backward): the reference model's when the method
-        has a KL term, and the old policy's (TRL's old_per_token_logps) when one rollout batch feeds several
-        optimiser steps (prompts_per_generation / prompts_per_step · num_iterations > 1; the paper: 4);
-    evaluate, per job:  problems · samples · E / eval_tps + engine_start_s · eval GPUs
-        E = mean generated tokens per sample, problems = the benchmark's size (or its limit).
-
-R and E are not known before a run (they grow during RL); the defaults assume a third of the length budget
-(max_completion_length / 3, max_new_tokens / 3) and are printed with the estimate. ``benchmarks/gpu_check.py``
-measures the throughputs on one GPU and writes a file for ``--throughputs``; without one, the shipped reference
-(``stapo/reference/throughputs.yaml``: an analytic estimate for the paper's H20, provenance inside) is used and the
-output says so. Throughputs measured on a CPU (``gpu_check.py --cpu-smoke``) are refused unless
-``--allow-cpu-throughputs``: a GPU estimate from them is off by orders of magnitude. The paper's own statement of
-its cost (64 H20 GPUs, 5-7 days per training run) is printed beside the estimate for scale.
+The mean response R is not known before a run (it grows during RL): ``--response-tokens``, default the rates file's
+``paper_response_mean`` (an assumption, printed); evaluation's E defaults to max_new_tokens / 3. Throughputs measured
+on a CPU (``gpu_check.py --cpu-smoke``) are refused unless ``--allow-cpu-throughputs``. The paper's own statement of
+its cost (64 H20 GPUs, 5-7 days per training run) and verl's anchor (modelled against published) print beside it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 import tempfile
@@ -42,9 +39,11 @@ from stapo.core.fields import check_keys
 
 import yaml
 
+from stapo import stage_model
 from stapo.core.atomic import atomic_write_json
 from stapo.core.errors import UserError
 from stapo.study import Study, load, parse, split_run
+from stapo.study.evaluation import Backend
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS
 
 __all__ = ["Jobs", "Throughputs", "MODEL_PARAMS_B", "workflow_jobs", "parse_summary", "load_throughputs",
@@ -55,7 +54,6 @@ MODEL_PARAMS_B = {
     "Qwen/Qwen3-1.7B-Base": 1.7, "Qwen/Qwen3-8B-Base": 8.2, "Qwen/Qwen3-14B-Base": 14.8,  # Qwen3 model cards
     "bundled:smollm2-135m-instruct": 0.135, "bundled:tiny-qwen3": 0.02,
 }
-EXTRA_FORWARD = 1.0 / 3.0  # forward+backward ≈ 3 forwards: one more forward pass adds a third
 TRAIN_RULES = ("train", "train_nodes")  # workflow/rules/train.smk: one node, several nodes
 THROUGHPUT_KEYS = ("rollout_tokens_per_s", "train_tokens_per_s", "eval_tokens_per_s")
 REFERENCE_THROUGHPUTS = Path(__file__).parent / "reference" / "throughputs.yaml"
@@ -90,6 +88,8 @@ class Throughputs:
     device: str | None = None  # "cuda" or "cpu": where they were measured (gpu_check.py --cpu-smoke: cpu)
     measured: str | None = None  # the date gpu_check.py measured them (None: not measured by gpu_check)
     rollout_engine: str | None = None  # what generated the measured rollouts: vllm or hf (gpu_check --rollouts)
+    rollout_completions: int = 64  # gpu_check's measured rollout: completions generated at once ...
+    rollout_response_tokens: float = 512.0  # ... and their mean length (a random model runs to the cap)
     long_length: int | None = None  # gpu_check's long update probe: one sequence of this many tokens ...
     train_tokens_per_s_long: float | None = None  # ... and its update tokens/s (reported, not used in the estimate)
     models: dict = field(default_factory=dict)  # model key -> {<throughput key>: tokens/s} measured on that model
@@ -100,6 +100,11 @@ class Throughputs:
     def on_cpu(self) -> bool:
         """Measured on a CPU (``device: cpu``, or gpu_check's ``gpu: cpu (smoke)``)."""
         return self.device == "cpu" or str(self.gpu or "").lower().startswith("cpu")
+
+    @property
+    def vllm_rollouts(self) -> bool:
+        """The rollout rate was measured with vLLM (gpu_check's default), not HF ``generate``."""
+        return Backend(self.rollout_engine or Backend.VLLM) is Backend.VLLM
 
     @property
     def origin(self) -> str:
@@ -185,7 +190,7 @@ def load_throughputs(path: str | Path | None = None, *, allow_cpu: bool = False,
     """
     given = {k: v for k, v in overrides.items() if v is not None}
     source = f"--throughputs {path}" if path is not None else "command line"
-    if path is None and not set(THROUGHPUT_KEYS) <= set(given):
+    if path is None and "eval_tokens_per_s" not in given:
         path, source = REFERENCE_THROUGHPUTS, f"shipped reference ({REFERENCE_THROUGHPUTS.name}, not measured)"
     data = {}
     if path is not None:
@@ -234,21 +239,47 @@ def _rate(tp: Throughputs, key: str, model: str, params_b: float) -> float | Non
 # --------------------------------------------------------------------------------------------------- estimate
 
 
-def train_run_seconds(study: Study, model: str, method: str, tp: Throughputs, params_b: float,
-                      prompt_tokens: float, response_tokens: float | None) -> float | None:
-    """GPU-seconds of one training run (module docstring); None when a throughput is missing."""
+def stage_rates(tp: Throughputs) -> stage_model.Rates:
+    """The stage model's rates: the shipped ones (rates.yaml, calibrated on verl's anchor), with what ``tp`` measured
+    or gave in their place: the update utilisation from ``train_tokens_per_s`` (forward + backward with
+    recompute over the reference model's matmuls at the measuring GPU's peak), the decode efficiency from a vLLM
+    ``rollout_tokens_per_s`` (against the modelled decode of the measured batch at efficiency 1). An HF rate is
+    not a vLLM rate and is not used."""
+    base = stage_model.rates()
+    if tp.reference_params_b is None or tp.on_cpu:
+        return base
+    g = stage_model.gpu(tp.gpu or "H20")
+    ref = stage_model.shape("", tp.reference_params_b)
+    override, sources = {}, dict(base.sources)
+    where = tp.origin if tp.measured else f"{tp.source}, {g.name}"
+    if tp.train_tokens_per_s is not None:
+        flops_per_token = 4 * 2 * tp.reference_params_b * 1e9  # forward, recomputed forward, backward
+        override["update_utilization"] = tp.train_tokens_per_s * flops_per_token / (g.peak_tflops * 1e12)
+        sources["update_utilization"] = f"{where}: update {tp.train_tokens_per_s:,.0f} tok/s on " \
+                                        f"{tp.reference_params_b} B"
+    if tp.rollout_tokens_per_s is not None and tp.vllm_rollouts:
+        unit = dataclasses.replace(base, decode_efficiency=1.0)
+        n, r = tp.rollout_completions, tp.rollout_response_tokens
+        modelled = n * r / stage_model.decode_seconds([r] * n, 200.0, ref, g, 0.5, unit)
+        override["decode_efficiency"] = tp.rollout_tokens_per_s / modelled
+        sources["decode_efficiency"] = f"{where}: vLLM rollout {tp.rollout_tokens_per_s:,.0f} tok/s, {n} x {r:.0f}"
+    return dataclasses.replace(base, **override, sources=sources)
+
+
+def train_run_stages(study: Study, model: str, method: str, rates: stage_model.Rates, g: stage_model.Gpu,
+                     params_b: float, prompt_tokens: float, response_tokens: float | None) -> dict[str, float]:
+    """Wall seconds of one rollout step of the run, per stage (stapo.stage_model.step_stages)."""
     plan = study.plan(model, method)
-    s = plan.settings
-    rollout = _rate(tp, "rollout_tokens_per_s", model, params_b)
-    update = _rate(tp, "train_tokens_per_s", model, params_b)
-    if rollout is None or update is None:
-        return None
-    r = s.max_completion_length / 3 if response_tokens is None else response_tokens
-    g = s.prompts_per_generation * s.num_generations  # completions per training step (rollout batch)
-    epochs = s.num_iterations
-    old_logps = s.prompts_per_generation // s.prompts_per_step * epochs > 1
-    k = 1.0 + EXTRA_FORWARD * (int(plan.objective.kl_beta > 0) + int(old_logps))
-    return s.max_steps * (g * r / rollout + g * epochs * (prompt_tokens + r) / update * k)
+    s, entry = plan.settings, study.models[model]
+    k = s.prompts_per_generation // s.prompts_per_step * s.num_iterations  # optimiser steps per rollout batch
+    forwards = int(k > 1) + int(plan.objective.kl_beta > 0)  # π_old, KL reference
+    return stage_model.step_stages(
+        stage_model.shape(str(entry.spec).partition("?")[0], params_b), g, rates, gpus=_gpus(study, model),
+        nodes=entry.nodes, completions=s.prompts_per_generation * s.num_generations, prompt=prompt_tokens,
+        mean_response=min(response_tokens or stage_model.paper_response_mean(), s.max_completion_length),
+        cap=s.max_completion_length, sigma=stage_model.length_sigma(), optimizer_steps=k, forwards=forwards,
+        checkpointing=s.gradient_checkpointing, save_steps=s.save_steps,
+        memory_fraction=s.vllm_gpu_memory_utilization or stage_model.ROLLOUT_MEMORY)
 
 
 def eval_job_seconds(study: Study, model: str, benchmark: str, tp: Throughputs, params_b: float,
@@ -281,43 +312,50 @@ def _hours(seconds: list[float | None]) -> float | None:
 
 def estimate(jobs: Jobs, study: Study, tp: Throughputs, *, prompt_tokens: float = 200.0,
              response_tokens: float | None = None, eval_tokens: float | None = None,
-             params: dict | None = None) -> dict:
-    """Per-model and per-stage GPU-hours of the study (None where a throughput was not given)."""
-    params = params or {}
+             params: dict | None = None, gpu: str = "H20") -> dict:
+    """Per-model and per-stage GPU-hours of the study (None where an evaluation throughput was not given), the
+    training stages of one rollout step per run, the rates with their sources and verl's anchor."""
+    params, rates, g = params or {}, stage_rates(tp), stage_model.gpu(gpu)
     full = set(study.workflow.checkpoints)
     present = {m for m, _ in jobs.train} | {j[0] for j in jobs.evaluate}
     models = [m for m in study.models if m in present]  # the config's order (small to large in paper.yaml)
     per_model = {}
     for model in models:
         pb = _params_b(study, model, params)
-        runs = {run: train_run_seconds(study, model, split_run(run)[0], tp, pb, prompt_tokens, response_tokens)
-                for m, run in jobs.train if m == model}
+        steps = {run: train_run_stages(study, model, split_run(run)[0], rates, g, pb, prompt_tokens, response_tokens)
+                 for m, run in jobs.train if m == model}
+        runs = {run: sum(st.values()) * study.plan(model, split_run(run)[0]).settings.max_steps * _gpus(study, model)
+                for run, st in steps.items()}
         kinds: dict[str, list] = {"final": [], "base": [], "curve": []}
         for m, method, ckpt, bench, _ in jobs.evaluate:
             if m == model:
                 kind = "base" if method == "base" else ("final" if ckpt in full else "curve")
                 kinds[kind].append(eval_job_seconds(study, model, bench, tp, pb, eval_tokens))
-        train_h = _hours(list(runs.values()))
         per_model[model] = {
             "params_b": pb, "gpus_per_run": _gpus(study, model), "nodes": study.models[model].nodes,
             "gpus_per_node": max(1, study.models[model].gpus), "eval_gpus": _eval_gpus(study, model),
-            "train_runs": len(runs), "train_gpu_hours": train_h,
-            "train_gpu_hours_per_run": {k: (v / 3600 if v is not None else None) for k, v in runs.items()},
-            "train_wall_days_per_run": {k: (v / 3600 / 24 / _gpus(study, model) if v is not None else None)
-                                        for k, v in runs.items()},
+            "train_runs": len(runs), "train_gpu_hours": _hours(list(runs.values())),
+            "train_gpu_hours_per_run": {k: v / 3600 for k, v in runs.items()},
+            "train_wall_days_per_run": {k: v / 3600 / 24 / _gpus(study, model) for k, v in runs.items()},
+            "train_step_seconds": steps,
             "eval_jobs": {k: len(v) for k, v in kinds.items()},
             "eval_gpu_hours": {k: _hours(v) for k, v in kinds.items()},
         }
-    stages = {"train": _hours([(v["train_gpu_hours"] * 3600 if v["train_gpu_hours"] is not None else None)
-                               for v in per_model.values()]),
+    stages = {"train": _hours([v["train_gpu_hours"] * 3600 for v in per_model.values()]),
               "evaluate": _hours([(h * 3600 if h is not None else None) for v in per_model.values()
                                   for h in v["eval_gpu_hours"].values()])}
     total = None if None in stages.values() else sum(stages.values())
+    modelled, published, anchor_mean = stage_model.anchor_stages(rates)
     return {"jobs": jobs.counts(), "seeds": study.seeds, "models": per_model, "stages": stages,
-            "total_gpu_hours": total,
-            "assumptions": {"prompt_tokens": prompt_tokens, "response_tokens": response_tokens or "max/3",
-                            "eval_tokens": eval_tokens or "max/3", "extra_forward_cost": round(EXTRA_FORWARD, 3)},
-            "throughputs": {**asdict(tp), "on_cpu": tp.on_cpu, "origin": tp.origin},
+            "total_gpu_hours": total, "gpu": g.name,
+            "assumptions": {"prompt_tokens": prompt_tokens,
+                            "response_tokens": response_tokens or stage_model.paper_response_mean(),
+                            "response_length_sigma": stage_model.length_sigma(), "eval_tokens": eval_tokens or "max/3"},
+            "rates": {**{k: v for k, v in dataclasses.asdict(rates).items() if k != "sources"},
+                      "sources": rates.sources},
+            "verl_anchor": {"modelled": modelled, "published": published, "mean_response": anchor_mean},
+            "nemo_rl_anchor": dict(zip(("modelled", "published"), stage_model.nemo_check(rates))),
+            "throughputs": {**asdict(tp), "on_cpu": tp.on_cpu, "origin": tp.origin, "vllm_rollouts": tp.vllm_rollouts},
             "paper_run_gpu_hours": list(PAPER_RUN_GPU_HOURS), "paper_run_days": list(PAPER_COST["days"])}
 
 
@@ -326,17 +364,45 @@ def _fmt(hours: float | None) -> str:
 
 
 def wall_days_lines(plan: dict) -> list[str]:
-    """Wall-days per training run at each model's configured topology, beside the paper's."""
-    lines = ["", "wall-days per training run at the configured topology (GPU-hours / GPUs: linear scaling over "
-                 "nodes assumed, communication not modelled):"]
+    """Wall-days per training run at each model's configured topology, beside the paper's, and the ratio."""
+    lo, hi = plan.get("paper_run_days", PAPER_COST["days"])
+    lines = ["", f"wall-days per training run at the configured topology on {plan.get('gpu', 'H20')} (stage model, "
+                 "stapo.stage_model), and the ratio to the paper's:"]
     for model, m in plan["models"].items():
-        days = [d for d in m.get("train_wall_days_per_run", {}).values() if d is not None]
+        days = list(m.get("train_wall_days_per_run", {}).values())
         topology = f"{m.get('nodes', 1)} node(s) x {m.get('gpus_per_node', m['gpus_per_run'])} GPUs"
         span = f"{min(days):,.1f}-{max(days):,.1f} days" if days else "n/a"
-        lines.append(f"  {model:<20} {topology:<20} {span}")
-    lo, hi = plan.get("paper_run_days", PAPER_COST["days"])
+        ratio = f"  x{min(days) / hi:.2f}-x{max(days) / lo:.2f} the paper's" if days else ""
+        lines.append(f"  {model:<20} {topology:<20} {span}{ratio}")
     lines.append(f"  {'paper':<20} {'8 node(s) x 8 GPUs':<20} {lo}-{hi} days ({PAPER_COST['gpus']} "
                  f"{PAPER_COST['hardware']})")
+    return lines
+
+
+def stage_lines(plan: dict) -> list[str]:
+    """Seconds per rollout step by stage (each model's slowest run), the rates with their sources, verl's anchor."""
+    lines = ["", "seconds per training step (rollout batch), the slowest run of each model:"]
+    for model, m in plan["models"].items():
+        if m.get("train_step_seconds"):
+            run, st = max(m["train_step_seconds"].items(), key=lambda kv: sum(kv[1].values()))
+            lines.append(f"  {model:<20} {run:<10} " + ", ".join(f"{k} {v:,.1f}" for k, v in st.items())
+                         + f" = {sum(st.values()):,.0f} s")
+    r = plan["rates"]
+    lines.append("rates:")
+    for key in ("update_utilization", "forward_utilization", "decode_efficiency", "decode_overhead_s",
+                "checkpoint_gb_s"):
+        source = r["sources"].get(key) or r["sources"].get(key.replace("_s", "_ms"), "")
+        lines.append(f"  {key} {r[key]:.3g}: {' '.join(str(source).split())}")
+    a = plan["verl_anchor"]
+    lines.append(f"verl anchor (Qwen2.5-Math-7B DAPO, 64 H20, 512 x 16, fully_async.md), modelled / published s at "
+                 f"its implied mean response {a['mean_response']:,.0f}: "
+                 + ", ".join(f"{k} {a['modelled'][k]:,.1f} / {a['published'][k]:,.1f}"
+                             for k in ("rollout", "old_log_prob", "update"))
+                 + f", step {sum(a['modelled'].values()):,.1f} / {a['published']['step']:,.1f} (verl's step also "
+                   "holds rewards, advantages and its own overheads)")
+    n = plan["nemo_rl_anchor"]
+    lines.append(f"NeMo-RL cross-check (Llama-3.1-8B GRPO, 16 H100, mean response 1,019): modelled step "
+                 f"{n['modelled']:,.1f} s / published {n['published']:,.1f} s")
     return lines
 
 
@@ -365,8 +431,12 @@ def format_plan(plan: dict) -> str:
                   f"total {_fmt(plan['total_gpu_hours'])}",
               "assumptions: " + ", ".join(f"{k} {v}" for k, v in plan["assumptions"].items())]
     lines += wall_days_lines(plan)
+    lines += stage_lines(plan)
     tp = plan["throughputs"]
     ref = f"reference {tp['reference_params_b']} B" if tp.get("reference_params_b") else "per model"
+    if tp.get("rollout_tokens_per_s") is not None and not tp.get("vllm_rollouts"):
+        lines.append(f"rollout {tp['rollout_tokens_per_s']:,.0f} tok/s/GPU was measured with {tp['rollout_engine']} "
+                     "generate, not vLLM: not used (the decode efficiency stays the calibrated one)")
     lines.append(f"throughputs ({tp.get('source', 'command line')}; {tp.get('gpu') or 'GPU not named'}, {ref}): "
                  + ", ".join(f"{k.removesuffix('_tokens_per_s')} {tp[k]:,.0f} tok/s/GPU" for k in THROUGHPUT_KEYS
                              if tp.get(k) is not None))
@@ -378,9 +448,9 @@ def format_plan(plan: dict) -> str:
     lo, hi = PAPER_RUN_GPU_HOURS
     lines.append(f"paper, for scale: {PAPER_COST['gpus']} {PAPER_COST['hardware']} GPUs x {PAPER_COST['days'][0]}-"
                  f"{PAPER_COST['days'][1]} days per training run = {lo:,}-{hi:,} GPU-hours per run")
-    if any(tp[k] is None for k in THROUGHPUT_KEYS) and not tp["models"]:
-        lines.append("n/a: give --throughputs FILE (benchmarks/gpu_check.py writes one) or --rollout-tps/"
-                     "--train-tps/--eval-tps with --reference-params")
+    if tp["eval_tokens_per_s"] is None and not tp["models"]:
+        lines.append("n/a: give --throughputs FILE (benchmarks/gpu_check.py writes one) or --eval-tps with "
+                     "--reference-params")
     return "\n".join(lines)
 
 
@@ -399,11 +469,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference-params", type=float, help="billions of parameters of the reference model")
     parser.add_argument("--engine-start", type=float, help="seconds to start vLLM per evaluation job (default 60)")
     parser.add_argument("--prompt-tokens", type=float, default=200.0, help="mean prompt tokens (default 200)")
-    parser.add_argument("--response-tokens", type=float, help="mean rollout tokens (default max_completion/3)")
+    parser.add_argument("--response-tokens", type=float, help="mean rollout tokens over a run (default: "
+                        "paper_response_mean in stapo/reference/rates.yaml, an assumption)")
     parser.add_argument("--eval-tokens", type=float, help="mean evaluation tokens per sample (default max_new/3)")
     parser.add_argument("--params", nargs="*", default=[], metavar="MODEL=B", help="parameters (billions) per model")
     parser.add_argument("--allow-cpu-throughputs", action="store_true",
                         help="accept throughputs measured on a CPU (gpu_check.py --cpu-smoke) for the estimate")
+    parser.add_argument("--gpu", default="H20", help="the training GPU the stage model runs on (H20, the paper's; "
+                        "H100, H200: stapo/reference/rates.yaml)")
     parser.add_argument("--json", help="also write the estimate as JSON here")
 
 
@@ -432,7 +505,7 @@ def run(args: argparse.Namespace) -> int:
     jobs, study = workflow_jobs(args.configfile, args.snakefile, args.target)
     try:
         plan = estimate(jobs, study, tp, prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens,
-                        eval_tokens=args.eval_tokens, params=params)
+                        eval_tokens=args.eval_tokens, params=params, gpu=args.gpu)
     except ValueError as err:  # a model whose size is unknown (--params)
         raise UserError(str(err)) from None
     print(format_plan(plan))

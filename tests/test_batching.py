@@ -8,6 +8,11 @@ The reference below is a transcription, written from the source, of verl 0.4.0 a
                                            loss = policy_loss * (len(data) / ppo_mini_batch_size), ppo_mini_batch_size
                                            being the rank's completions of the mini-batch; DDP/FSDP average the ranks
     train/verl/trainer/ppo/core_algos.py   agg_loss "token-mean": masked_mean over the micro-batch
+    train/verl/trainer/ppo/ray_trainer.py  RayPPOTrainer._balance_batch (trainer.balance_batch, default True):
+                                           get_seqlen_balanced_partitions(attention_mask.sum(-1), world_size,
+                                           equal_size=True), batch.reorder(concatenated partitions), then the
+                                           dispatch hands rank r the r-th contiguous chunk
+    train/verl/workers/actor/dp_actor.py   update_policy: batch.split(ppo_mini_batch_size) over the rank's chunk
 The 80/20 release (Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR @ 6f5dda6f70dbee207bea28705e5f96ce12eb98df, verl
 0.7.0.dev) has the same partitions (its rearrange_micro_batches only reorders them by Σ len², which a sum of losses
 ignores), the same loss_scale_factor = response_mask.shape[0] / ppo_mini_batch_size, and applies
@@ -35,7 +40,7 @@ from tests.test_trainer import coin_reward, tiny_recipe
 # ----------------------------------------------------------------------- verl 0.4.0, transcribed (see docstring)
 
 
-def verl_karmarkar_karp(seqlen_list, k_partitions):
+def verl_karmarkar_karp(seqlen_list, k_partitions, equal_size=False):
     class Set:
         def __init__(self):
             self.sum = 0
@@ -84,8 +89,17 @@ def verl_karmarkar_karp(seqlen_list, k_partitions):
 
     sorted_seqlen_list = sorted([(seqlen, i) for i, seqlen in enumerate(seqlen_list)])
     states_pq = []
-    for seqlen, idx in sorted_seqlen_list:
-        heapq.heappush(states_pq, State(items=[(idx, seqlen)], k=k_partitions))
+    if equal_size:
+        assert len(seqlen_list) % k_partitions == 0
+        for offset in range(0, len(sorted_seqlen_list), k_partitions):
+            items = []
+            for i in range(k_partitions):
+                seqlen, idx = sorted_seqlen_list[offset + i]
+                items.append((idx, seqlen))
+            heapq.heappush(states_pq, State(items=items, k=k_partitions))
+    else:
+        for seqlen, idx in sorted_seqlen_list:
+            heapq.heappush(states_pq, State(items=[(idx, seqlen)], k=k_partitions))
     while len(states_pq) > 1:
         state0 = heapq.heappop(states_pq)
         state1 = heapq.heappop(states_pq)
@@ -94,10 +108,21 @@ def verl_karmarkar_karp(seqlen_list, k_partitions):
     return states_pq[0].get_partitions()
 
 
-def verl_get_seqlen_balanced_partitions(seqlen_list, k_partitions):
-    partitions = verl_karmarkar_karp(seqlen_list, k_partitions)
+def verl_get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size=False):
+    partitions = verl_karmarkar_karp(seqlen_list, k_partitions, equal_size)
     assert all(len(p) > 0 for p in partitions)
+    if equal_size:
+        assert all(len(p) * k_partitions == len(seqlen_list) for p in partitions)
     return [sorted(p) for p in partitions]
+
+
+def verl_balance_batch(attention_mask, world_size):
+    """RayPPOTrainer._balance_batch + the dispatch: the row indices each rank receives, in its order."""
+    global_seqlen_lst = attention_mask.view(attention_mask.shape[0], -1).sum(-1).tolist()
+    partitions = verl_get_seqlen_balanced_partitions(global_seqlen_lst, world_size, equal_size=True)
+    global_idx = [j for partition in partitions for j in partition]  # batch.reorder(global_idx)
+    chunk = len(global_idx) // world_size  # DataProto.chunk(world_size): contiguous, equal
+    return [global_idx[r * chunk:(r + 1) * chunk] for r in range(world_size)]
 
 
 def verl_rearrange_micro_batches(attention_masks, max_token_len):
@@ -503,3 +528,141 @@ def test_training_with_a_token_budget_and_whole_groups(tmp_path, monkeypatch, mi
     assert all(groups) if mini_batch == "groups" else not all(groups)
     config = (tmp_path / "config.yaml").read_text()
     assert "micro_batches: token_budget_packed" in config and "gradient_accumulation_steps: 1" in config
+
+
+# ------------------------------------------------------------------- balance_batch: the ranks' shares (verl)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rank_partitions_are_verls_balance_batch(seed):
+    """train.balance_batch: equal-size Karmarkar–Karp parts, as verl's _balance_batch hands the ranks (transcribed
+    above), on 1-8 ranks; every part holds N / W rows and the parts' token sums are closer than contiguous chunks'."""
+    lengths = long_tailed(48, seed)
+    mask = torch.tensor([[1] * n + [0] * (max(lengths) - n) for n in lengths])
+    for world in (1, 2, 3, 4, 6, 8):
+        parts = partition.rank_partitions(lengths, world)
+        assert parts == verl_balance_batch(mask, world) == verl_get_seqlen_balanced_partitions(lengths, world, True)
+        assert all(len(p) == 48 // world for p in parts) and sorted(i for p in parts for i in p) == list(range(48))
+        sums = [sum(lengths[i] for i in p) for p in parts]
+        chunks = [sum(lengths[r * 48 // world:(r + 1) * 48 // world]) for r in range(world)]
+        assert max(sums) - min(sums) <= max(chunks) - min(chunks)
+    # by hand: sorted pairs (1, 2) and (4, 5) are two states of spread 1; the larger set's {5, 4} pops first and
+    # takes the other's smaller and larger: {5 + 1} and {4 + 2}, both 6, ordered by their items, (2, 4) > (0, 5)
+    assert partition.rank_partitions([5, 1, 4, 2], 2) == [[2, 3], [0, 1]]
+    with pytest.raises(ValueError, match=r"^train.balance_batch: the rollout batch's 5 sequences do not split evenly "
+                                         r"over 2 processes$"):
+        partition.rank_partitions([1, 2, 3, 4, 5], 2)
+
+
+def _whole_groups(lengths: list[int], world: int, steps: int, group: int, balance: bool) -> float:
+    """The share of prompt groups (``group`` consecutive rows) whose rows all fall in one optimiser step, when rank r
+    takes its share (balanced or contiguous) and splits it into ``steps`` consecutive mini-batches (verl)."""
+    n = len(lengths)
+    shares = (partition.rank_partitions(lengths, world) if balance
+              else [list(range(r * n // world, (r + 1) * n // world)) for r in range(world)])
+    step_of = {}
+    for share in shares:
+        per = len(share) // steps
+        for j in range(steps):
+            step_of.update({i: j for i in share[j * per:(j + 1) * per]})
+    groups = n // group
+    return sum(len({step_of[i] for i in range(g * group, (g + 1) * group)}) == 1 for g in range(groups)) / groups
+
+
+def test_balance_batch_splits_prompt_groups_in_justrls_layout():
+    """JustRL's layout (256 prompts x 8, 32 ranks, mini-batch 64 prompts: 4 steps of 16 rows per rank): contiguous
+    shares keep every group inside one step; verl's balancing keeps about half (measured 0.52-0.57 over 4 draws of
+    long-tailed lengths capped at 16,384), so which completions share an optimiser step (STAPO's mini-batch quantile,
+    the token-mean normaliser) differs from the harness without it."""
+    kept = [_whole_groups(long_tailed(2048, seed, cap=16384), 32, 4, 8, balance=True) for seed in range(4)]
+    print(f"groups whole per step, balanced: {[round(k, 3) for k in kept]}")
+    assert all(0.45 < k < 0.65 for k in kept)
+    assert _whole_groups(long_tailed(2048, 0, cap=16384), 32, 4, 8, balance=False) == 1.0
+
+
+class _Ranks:
+    """accelerate's pad_across_processes / gather over simulated ranks (``outs``, one TRL rollout dict each) as seen
+    from rank ``rank``: the trainer hands its own tensors, found here by identity, and gets every rank's back."""
+
+    def __init__(self, outs: list[dict], rank: int):
+        self.outs, self.process_index, self.num_processes = outs, rank, len(outs)
+        self.padded: dict[str, list] = {}
+
+    def _key(self, value):
+        return next(k for k, v in self.outs[self.process_index].items() if v is value)
+
+    def pad_across_processes(self, value, dim, pad_first=False):
+        key = self._key(value)
+        width = max(o[key].size(dim) for o in self.outs)
+        pad = lambda t: torch.nn.functional.pad(t, (width - t.size(1), 0) if pad_first else (0, width - t.size(1)))  # noqa: E731
+        self.padded[key] = [pad(o[key]) for o in self.outs]
+        return self.padded[key][self.process_index]
+
+    def gather(self, value):
+        for key, tensors in self.padded.items():
+            if tensors[self.process_index] is value:
+                return torch.cat(tensors)
+        return torch.cat([o[self._key(value)] for o in self.outs])
+
+
+def _contiguous(batch: dict, world: int) -> list[dict]:
+    """TRL's shares: process r generated the r-th contiguous chunk of the rollout batch (each with its own padding)."""
+    n = len(batch["advantages"])
+    return [layout.select_rows(batch, list(range(r * n // world, (r + 1) * n // world))) for r in range(world)]
+
+
+def test_gather_rollout_restores_the_rollout_batch():
+    """The trainer's _gather_rollout over 3 simulated ranks: prompts left-padded, per-token columns right-padded to the
+    widest rank, rows in rank order; then rank_share trims each rank's partition to its own padding."""
+    from types import SimpleNamespace
+
+    batch = _step(12, 3)
+    batch["stat_entropies"] = torch.rand(batch["completion_ids"].shape) * batch["completion_mask"]
+    outs = _contiguous(batch, 3)
+    assert len({o["completion_ids"].size(1) for o in outs}) > 1  # the ranks' widths differ
+    full = T.StapoGRPOTrainer._gather_rollout(SimpleNamespace(accelerator=_Ranks(outs, 1)), outs[1])
+    for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "stat_entropies"):
+        assert torch.equal(full[key], layout.select_rows(batch, list(range(12)))[key]), key
+    assert int(full["num_items_in_batch"]) == int(batch["num_items_in_batch"])
+    share = T.rank_share(full, 2, 3)
+    rows = partition.rank_partitions(layout.sequence_lengths(batch), 3)[2]
+    assert torch.equal(share["completion_ids"], layout.select_rows(batch, rows)["completion_ids"])
+
+
+def _balanced_steps(batch: dict, world: int, steps: int, balance: bool) -> list[list[dict]]:
+    """The harness: each rank's share (rank_share of the gathered batch, or TRL's contiguous chunk), split in rollout
+    order into ``steps`` optimiser steps (TRL's split_tensor_dict with the shuffle off); [step][rank]."""
+    shares = [T.rank_share(batch, r, world) for r in range(world)] if balance else _contiguous(batch, world)
+    per = len(shares[0]["advantages"]) // steps
+    return [[layout.select_rows(s, list(range(j * per, (j + 1) * per))) for s in shares] for j in range(steps)]
+
+
+def _verl_balanced_steps(batch: dict, world: int, steps: int) -> list[list[dict]]:
+    """verl 0.4: _balance_batch's reorder and dispatch, then update_policy's batch.split(ppo_mini_batch_size)."""
+    ranks = verl_balance_batch(layout.attention_mask(batch), world)
+    per = len(ranks[0]) // steps
+    return [[layout.select_rows(batch, idx[j * per:(j + 1) * per]) for idx in ranks] for j in range(steps)]
+
+
+@pytest.mark.parametrize("method", ["justrl", pytest.param("stapo", marks=pytest.mark.slow)])
+def test_balance_batch_equals_verl(tmp_path, monkeypatch, method):
+    """A rollout batch of 48 completions, 2 optimiser steps, 1-4 ranks, token budget 40 (verl's dynamic bsz, its
+    per-micro-batch token-mean): each step's gradient with balance_batch equals verl 0.4's _balance_batch +
+    update_policy (measured 0 relative difference); TRL's contiguous shares differ on 2-4 ranks (measured 0.3-1.0
+    relative: 0.87-1.44). On one rank the two are the same."""
+    plan, trainer = _trainer(tmp_path, method, loss_agg_mode="token-mean-per-micro-batch",
+                             quantile_scope="micro_batch_local_topk")
+    batch = _step(48, 5)
+    for world in (1, 2, 3, 4):
+        want = [_verl_step(trainer, plan.objective, ranks, 40) for ranks in _verl_balanced_steps(batch, world, 2)]
+        for balance in (True, False):
+            rel = []
+            for j, ranks in enumerate(_balanced_steps(batch, world, 2, balance)):
+                counts = [partition.micro_batch_count(layout.sequence_lengths(r), 40) for r in ranks]
+                rel.append(_rel(_harness_step(trainer, ranks, 40, counts, monkeypatch), want[j]))
+            print(f"{method} world={world} balance={balance}: relative gradient difference per step "
+                  f"{[f'{r:.2e}' for r in rel]}")
+            if balance or world == 1:
+                assert max(rel) < 1e-5, (world, balance, rel)
+            else:
+                assert min(rel) > 0.1, (world, rel)

@@ -78,7 +78,8 @@ def test_summary_arithmetic(gc):
     assert methods["justrl"]["train_tokens_per_s"] == pytest.approx(64 * (100 + 1000) / 21)
     assert tp == {"gpu": "H200", "device": "cuda", "measured": "2026-12-05", "rollout_engine": "vllm",
                   "reference_params_b": 1.7, "rollout_tokens_per_s": 6400.0,
-                  "train_tokens_per_s": round(64 * 1100 / 21, 1), "eval_tokens_per_s": 5000.0, "engine_start_s": 30.0}
+                  "train_tokens_per_s": round(64 * 1100 / 21, 1), "rollout_completions": 64,
+                  "rollout_response_tokens": 1000.0, "eval_tokens_per_s": 5000.0, "engine_start_s": 30.0}
     assert "step time stapo / justrl = 1.100" in gc.report(methods, ev, tp)  # 34.1 / 31
 
 

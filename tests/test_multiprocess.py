@@ -137,6 +137,35 @@ def test_related_losses_two_processes_equal_one(tmp_path, method):
 
 
 @pytest.mark.slow
+def test_balance_batch_hands_each_process_its_partition(tmp_path):
+    """train.balance_batch on two DDP processes (a rollout batch of 4 prompts x 4, two optimiser steps): each process
+    trains on its equal-size Karmarkar–Karp partition of the gathered rollout batch (verl's _balance_batch), rows in
+    rollout order; off, on the rows it generated. The step gradients stay exact either way (token-mean)."""
+    from stapo.train import partition
+
+    shares = {}
+    for balance in (True, False):
+        dump = tmp_path / f"shares-{balance}"
+        dump.mkdir()
+        recipe = _recipe(tmp_path, {}, name=f"recipe-{balance}", max_steps=1, prompts_per_generation=4,
+                         mini_batch="groups", balance_batch=balance)
+        _train(recipe, "justrl", tmp_path / f"run-{balance}", 2, env={"STAPO_TEST_SHARE_DUMP": str(dump)})
+        shares[balance] = [json.loads((dump / f"rank{r}-1.json").read_text()) for r in (0, 1)]
+    for balance, ranks in shares.items():
+        generated = [c for r in ranks for c in r["generated"]["completions"]]  # the rollout batch, in process order
+        lengths = [n for r in ranks for n in r["generated"]["lengths"]]
+        parts = partition.rank_partitions(lengths, 2) if balance else [list(range(8)), list(range(8, 16))]
+        for rank, part in zip(ranks, parts):
+            assert rank["trained"]["completions"] == [generated[i] for i in part]
+        sums = [sum(r["trained"]["lengths"]) for r in ranks]
+        print(f"balance_batch {balance}: tokens per process {sums}, partitions {parts}")
+    assert shares[True][0]["generated"] == shares[False][0]["generated"]  # the same rollouts either way
+    balanced = [sum(r["trained"]["lengths"]) for r in shares[True]]
+    plain = [sum(r["trained"]["lengths"]) for r in shares[False]]
+    assert abs(balanced[0] - balanced[1]) <= abs(plain[0] - plain[1])
+
+
+@pytest.mark.slow
 def test_micro_batch_scope_depends_on_the_split(tmp_path):
     recipe = _recipe(tmp_path, {"entropy20": {"quantile_scope": "micro_batch"}})
     one = _train(recipe, "entropy20", tmp_path / "one", 1)

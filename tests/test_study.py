@@ -355,5 +355,8 @@ def test_token_budget_and_whole_groups_map_onto_trl():
     s = study.train_settings({"micro_batch_tokens": 32768, "mini_batch": "groups"})
     assert study.accumulation(s, 8) == (1, 4) and trl_micro_batch(s, 8) == 64  # TRL: each process's whole step
     assert study.accumulation(study.train_settings({}), 8) == (64, 256)  # fixed micro-batch 1, as before
-    with pytest.raises(ValueError, match="multiple of the processes"):
-        study.accumulation(study.train_settings({"mini_batch": "groups", "prompts_per_step": 32}), 64)
+    with pytest.raises(ValueError, match="multiple of the processes"):  # whole groups per process: 32 over 64
+        study.accumulation(study.train_settings({"mini_batch": "groups", "prompts_per_step": 32,
+                                                 "balance_batch": False}), 64)
+    # balanced (verl): each process's share is its partition, 256 completions per step = 4 per process
+    assert study.accumulation(study.train_settings({"mini_batch": "groups", "prompts_per_step": 32}), 64) == (4, 32)

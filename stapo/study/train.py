@@ -28,17 +28,19 @@ __all__ = ["TrainSettings", "MiniBatch", "train_settings", "accumulation", "trl_
 class MiniBatch(Choice):
     """``train.mini_batch``: which completions make an optimiser step.
 
-    groups    whole prompt groups in rollout order, verl's ``batch.split(ppo_mini_batch_size)``: the shuffle off,
-              and each process's share of a step whole groups (so prompts_per_step divides by the processes)
-    shuffled  TRL's completion-level shuffle of the rollout batch before it is split (the default)
+    groups    each process's share of the rollout batch in rollout order, split into consecutive optimiser steps:
+              verl's ``batch.split(ppo_mini_batch_size)``, the shuffle off. Without ``balance_batch`` a process's
+              share is whole prompt groups (so prompts_per_step divides by the processes); with it (verl's default)
+              the share is the process's balanced partition and a group may span processes and steps
+    shuffled  TRL's completion-level shuffle of each process's share before it is split (the default)
     """
 
     GROUPS = "groups"
     SHUFFLED = "shuffled"
 
     @property
-    def whole_groups(self) -> bool:
-        """A step holds whole prompt groups in the order they were generated (TRL's shuffle off)."""
+    def rollout_order(self) -> bool:
+        """A process's steps are consecutive slices of its share in rollout order (TRL's shuffle off)."""
         return self is MiniBatch.GROUPS
 
 
@@ -82,9 +84,15 @@ class TrainSettings:
         "largest over processes), Karmarkar-Karp balanced, as verl 0.4 does")
     padding_free: bool = option(False, "token-budget micro-batches are packed into one row (position ids restart at "
                                 "every sequence; no padding) instead of padded to their longest prompt and completion")
-    mini_batch: MiniBatch = option(MiniBatch.SHUFFLED, "which completions make an optimiser step: groups (whole prompt "
-                                   "groups in rollout order, verl's batch.split(ppo_mini_batch_size), shuffle off) or "
-                                   "shuffled (TRL's completion-level shuffle of the rollout batch before it is split)")
+    mini_batch: MiniBatch = option(MiniBatch.SHUFFLED, "which completions make an optimiser step: groups (each "
+                                   "process's share in rollout order, split into consecutive steps: verl's "
+                                   "batch.split(ppo_mini_batch_size), shuffle off) or shuffled (TRL's completion-level "
+                                   "shuffle of the share before it is split)")
+    balance_batch: bool = option(True, "which completions each process trains on: true (verl's _balance_batch, on by "
+                                 "default in verl 0.4 and in JustRL's run; stapo.train.partition.rank_partitions): "
+                                 "the rollout batch split into equal-size Karmarkar-Karp partitions of balanced "
+                                 "prompt + completion tokens, process r the r-th; false: each process its own "
+                                 "generated prompts (TRL's contiguous share). Identical on one process")
     num_iterations: int = option(1, "PPO epochs over each rollout batch (paper 1)")
     max_prompt_length: int = option(1024, "prompts longer than this (tokens) are dropped, as verl's "
                                     "filter_overlong_prompts (1,024)")
@@ -212,7 +220,7 @@ def trl_micro_batch(settings: TrainSettings, num_processes: int) -> int:
 def accumulation(settings: TrainSettings, num_processes: int) -> tuple[int, int]:
     """(gradient_accumulation_steps, steps_per_generation) for TRL (see the module docstring)."""
     per_step = settings.prompts_per_step * settings.num_generations
-    if settings.mini_batch.whole_groups and settings.prompts_per_step % num_processes:
+    if settings.mini_batch.rollout_order and not settings.balance_batch and settings.prompts_per_step % num_processes:
         raise ValueError(f"train.mini_batch groups: train.prompts_per_step ({settings.prompts_per_step}) must be a "
                          f"multiple of the processes ({num_processes}), so that each holds whole prompt groups")
     micro = trl_micro_batch(settings, num_processes) * num_processes

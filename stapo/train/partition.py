@@ -1,7 +1,12 @@
 """Token-budget micro-batches, the counting half (no tensors): verl's dynamic batch size (``use_dynamic_bsz``,
 ``ppo_max_token_len_per_gpu``).
 
-An optimiser step's completions on one process are split into M micro-batches, where
+Across processes (``train.balance_batch``, verl's ``RayPPOTrainer._balance_batch``, on by default in verl and in
+JustRL's run): the rollout batch's N sequences are split into W equal-size parts of balanced token sums
+(:func:`rank_partitions`, ``get_seqlen_balanced_partitions(lengths, W, equal_size=True)``); process r trains on the
+r-th, its indices in rollout order, and forms its optimiser steps from it as verl's ``batch.split``.
+
+Within a process, an optimiser step's completions are split into M micro-batches, where
     M = max over processes of min(N, ⌈Σ_i len_i / budget⌉)        (verl ``rearrange_micro_batches``)
 len_i = prompt + completion tokens of completion i (verl's ``attention_mask.sum(-1)``), and the N completions are
 assigned to the M micro-batches by Karmarkar–Karp's largest differencing method, which balances the micro-batches'
@@ -18,7 +23,7 @@ from __future__ import annotations
 import heapq
 import math
 
-__all__ = ["balanced_partitions", "micro_batch_count", "token_budget_partitions"]
+__all__ = ["balanced_partitions", "rank_partitions", "micro_batch_count", "token_budget_partitions"]
 
 
 # ------------------------------------------------------------------------------------- Karmarkar–Karp
@@ -62,15 +67,21 @@ class _State:
         self.parts = sorted(merged, key=_Part.key, reverse=True)
 
 
-def balanced_partitions(lengths: list[int], k: int) -> list[list[int]]:
+def balanced_partitions(lengths: list[int], k: int, *, equal_size: bool = False) -> list[list[int]]:
     """Indices of ``lengths`` in ``k`` non-empty parts of balanced sums (largest differencing; verl 0.4.0
-    ``get_seqlen_balanced_partitions(lengths, k, equal_size=False)``), each part's indices ascending, parts in
-    verl's order (decreasing sum)."""
+    ``get_seqlen_balanced_partitions(lengths, k, equal_size)``), each part's indices ascending, parts in verl's order
+    (decreasing sum). ``equal_size``: every part holds len / k items (verl seeds the heap with one state per k
+    consecutive sorted lengths instead of one per length)."""
     if not 1 <= k <= len(lengths):
         raise ValueError(f"cannot split {len(lengths)} sequences into {k} micro-batches")
+    if equal_size and len(lengths) % k:
+        raise ValueError(f"cannot split {len(lengths)} sequences into {k} parts of equal size")
+    ranked = [(i, length) for length, i in sorted((int(v), i) for i, v in enumerate(lengths))]
+    width = k if equal_size else 1
     heap: list[_State] = []
-    for length, i in sorted((int(v), i) for i, v in enumerate(lengths)):
-        heapq.heappush(heap, _State([_Part([(i, length)])] + [_Part() for _ in range(k - 1)]))
+    for start in range(0, len(ranked), width):
+        items = ranked[start:start + width]
+        heapq.heappush(heap, _State([_Part([item]) for item in items] + [_Part() for _ in range(k - len(items))]))
     while len(heap) > 1:
         first, second = heapq.heappop(heap), heapq.heappop(heap)
         first.merge(second)
@@ -79,6 +90,15 @@ def balanced_partitions(lengths: list[int], k: int) -> list[list[int]]:
     if any(not p for p in parts):
         raise AssertionError(f"an empty micro-batch among {k} for lengths {lengths}")  # verl asserts the same
     return parts
+
+
+def rank_partitions(lengths: list[int], world: int) -> list[list[int]]:
+    """verl's ``_balance_batch``: the rollout batch's sequences (``lengths`` = prompt + completion tokens, in rollout
+    order) in ``world`` equal-size parts of balanced token sums; part r is process r's share, in rollout order."""
+    if len(lengths) % world:
+        raise ValueError(f"train.balance_batch: the rollout batch's {len(lengths)} sequences do not split evenly "
+                         f"over {world} processes")
+    return balanced_partitions(lengths, world, equal_size=True)
 
 
 def micro_batch_count(lengths: list[int], budget: int) -> int:

@@ -7,11 +7,13 @@ configured method, fed with TRL's per-token log-probs and entropies from its one
 TRL's private names the trainer overrides, calls or reads are listed, reached and checked in stapo.train.trl_compat.
 
 The run's configuration is a :class:`stapo.study.Plan` (the study's model entry, method objective and train
-section; batch semantics and their TRL mapping in stapo/study/train.py). ``train.mini_batch``: ``shuffled`` is
-TRL's completion-level shuffle of the rollout batch before it is split (an optimiser step holds 512 random
-completions); ``groups`` turns it off, so each process's share of a step is whole prompt groups in the order it
-generated them, as verl's ``batch.split(ppo_mini_batch_size)`` (which the population of STAPO's mini-batch
-quantile depends on). Advantages are computed over the whole rollout batch first, either way.
+section; batch semantics and their TRL mapping in stapo/study/train.py). Which rollout rows a process trains on:
+``train.balance_batch`` (default, verl's ``_balance_batch``) gathers the rollout batch and keeps this process's
+equal-size Karmarkar–Karp partition by sequence length (:func:`rank_share`); off, the rows it generated itself.
+``train.mini_batch``: ``shuffled`` is TRL's completion-level shuffle of that share before it is split into
+optimiser steps; ``groups`` turns it off, so the steps are consecutive slices of the share in rollout order, as
+verl's ``batch.split(ppo_mini_batch_size)`` (which the population of STAPO's mini-batch quantile depends on); without
+balancing they are whole prompt groups. Advantages are computed over the whole rollout batch first, either way.
 
 Micro-batches (``train.micro_batch_tokens``): None is TRL's fixed micro-batch of per_device_train_batch_size
 completions. A token budget is verl's ``use_dynamic_bsz``: TRL hands each process its whole optimiser step
@@ -85,7 +87,7 @@ from stapo.core.schedule import optimizer_steps_per_rollout, per_rollout_schedul
 from stapo import study
 from stapo.study import ObjectiveConfig, Plan, StudyError, TrainSettings, accumulation
 
-__all__ = ["StapoGRPOTrainer", "build_trainer", "train", "latest_complete_checkpoint", "run"]
+__all__ = ["StapoGRPOTrainer", "rank_share", "build_trainer", "train", "latest_complete_checkpoint", "run"]
 
 log = logging.getLogger("stapo.train.trainer")
 
@@ -168,7 +170,30 @@ class StapoGRPOTrainer(GRPOTrainer):
         if not self.model.training:
             return super()._generate_and_score_completions(inputs)
         with self._clock.timing("rollout"):
-            return self._rollout_with_entropies(inputs)
+            return self._balance_ranks(self._rollout_with_entropies(inputs))
+
+    def _balance_ranks(self, out: dict) -> dict:
+        """verl's ``_balance_batch`` (``train.balance_batch``): this process's rows become its equal-size
+        Karmarkar–Karp partition of the whole rollout batch (stapo.train.partition.rank_partitions), in rollout order;
+        the identity on one process."""
+        world = self.accelerator.num_processes
+        if not self.settings.balance_batch or world == 1:
+            return out
+        return rank_share(self._gather_rollout(out), self.accelerator.process_index, world)
+
+    def _gather_rollout(self, out: dict) -> dict:
+        """Every process's rollout rows in process order (= the sampler's order), prompts left-padded and per-token
+        columns right-padded to the widest process's; other entries (scalars, non-tensors) as this process has them."""
+        rows, width = out["completion_ids"].size(0), out["completion_ids"].size(1)
+        full = {}
+        for key, value in out.items():
+            if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.size(0) != rows:
+                full[key] = value
+                continue
+            if value.dim() >= 2 and (key.startswith("prompt_") or value.size(1) == width):
+                value = self.accelerator.pad_across_processes(value, dim=1, pad_first=key.startswith("prompt_"))
+            full[key] = self.accelerator.gather(value)
+        return full
 
     def _rollout_with_entropies(self, inputs):
         if not self._mini_batch_scope:
@@ -190,7 +215,7 @@ class StapoGRPOTrainer(GRPOTrainer):
         return out
 
     def _prepare_inputs(self, generation_batch):
-        in_order = self.settings.mini_batch.whole_groups and self.model.training
+        in_order = self.settings.mini_batch.rollout_order and self.model.training
         with trl_compat.unshuffled() if in_order else nullcontext():  # whole groups, in rollout order (verl)
             inputs = super()._prepare_inputs(generation_batch)
         step = trl_compat.step_micro_batches(self) if self.model.training and self._mini_batch_scope else None
@@ -328,6 +353,14 @@ class StapoGRPOTrainer(GRPOTrainer):
         for key, value in (("gen_seconds", gen), ("forward_seconds", forward), ("step_tokens", tokens),
                            ("step_flops", update_flops(self._flop_shape, tokens, tokens_sq))):
             trl_compat.log_metric(self, key, value)
+
+
+def rank_share(full: dict, rank: int, world: int) -> dict:
+    """Process ``rank``'s rows of the gathered rollout batch ``full`` under verl's ``_balance_batch``: the rank-th
+    equal-size partition of its sequence lengths (verl: ``attention_mask.sum(-1)``), indices ascending, each tensor
+    trimmed to the share's own padding (stapo.train.layout.select_rows)."""
+    rows = partition.rank_partitions(layout.sequence_lengths(full), world)[rank]
+    return layout.select_rows(full, rows)
 
 
 def _fp32_gradient_reduction(plugin) -> None:

@@ -17,6 +17,8 @@ it — after the trainer's normaliser rescale (``_close_window``), before clippi
 DTensor: ``full_tensor()``, a collective every rank enters), with the engine and each rank's token counts.
 ``STAPO_TEST_NORMALISER=<aggregator name>`` forces the trainer's aggregator (stapo.losses.aggregation; e.g.
 ``deepspeed_kept_fraction``, DeepSpeed's estimate, under FSDP).
+``STAPO_TEST_SHARE_DUMP=<dir>``: each rank writes, for every rollout, the rows it generated and the rows it trains on
+after ``train.balance_batch`` (completion token ids, prompt + completion lengths) to ``<dir>/rank<r>-<k>.json``.
 ``STAPO_TEST_HOLD_AFTER_SAVE=<step>``: every rank but rank 0 stops (sleeps until killed) once checkpoint <step> is
 complete, so a test can kill a machine at a known point whatever the machine's load (rank 0 waits for the others in
 the next step's first collective, as it would for a machine that hangs).
@@ -118,6 +120,29 @@ if os.environ.get("STAPO_TEST_NORMALISER"):
 if os.environ.get("STAPO_TEST_GRAD_DUMP"):
     StapoGRPOTrainer._close_window = dump_first_step_gradient(StapoGRPOTrainer._close_window,
                                                               os.environ["STAPO_TEST_GRAD_DUMP"])
+
+def dump_shares(balance, directory: str):
+    import json
+    from pathlib import Path
+
+    from stapo.train import layout
+
+    def rows(out: dict) -> dict:
+        ids = [c[m.bool()].tolist() for c, m in zip(out["completion_ids"], out["completion_mask"])]
+        return {"completions": ids, "lengths": layout.sequence_lengths(out)}
+
+    def wrapped(self, out):
+        share = balance(self, out)
+        self._share_dumps = getattr(self, "_share_dumps", 0) + 1
+        path = Path(directory) / f"rank{self.accelerator.process_index}-{self._share_dumps}.json"
+        path.write_text(json.dumps({"generated": rows(out), "trained": rows(share)}))
+        return share
+
+    return wrapped
+
+
+if os.environ.get("STAPO_TEST_SHARE_DUMP"):
+    StapoGRPOTrainer._balance_ranks = dump_shares(StapoGRPOTrainer._balance_ranks, os.environ["STAPO_TEST_SHARE_DUMP"])
 
 if os.environ.get("STAPO_TEST_HOLD_AFTER_SAVE"):
     _hold_at, _on_save = int(os.environ["STAPO_TEST_HOLD_AFTER_SAVE"]), CheckpointSentinel.on_save
