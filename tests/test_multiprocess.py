@@ -209,8 +209,10 @@ def _paper_engine(model: str = "qwen3-8b-base") -> Path:
 
 
 def _step_recipes(tmp: Path) -> tuple[Path, Path]:
-    """One optimiser step of 8 completions: micro-batches of 2 (two per rank on two ranks), and one of all 8."""
-    return (_recipe(tmp, {}, name="micro", max_steps=1, save_steps=1),
+    """One optimiser step of 8 completions: micro-batches of 2 (two per rank on two ranks), and one of all 8. The
+    ranks keep the rows they generated (balance_batch off): their token counts differ, which the exact normaliser
+    must handle (balanced, they happen to be equal here)."""
+    return (_recipe(tmp, {}, name="micro", max_steps=1, save_steps=1, balance_batch=False),
             _recipe(tmp, {}, name="full", max_steps=1, save_steps=1, per_device_train_batch_size=8))
 
 
