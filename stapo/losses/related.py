@@ -25,7 +25,13 @@ from stapo.losses.registry import PerToken, register_policy_loss
 from stapo.study.objective import ObjectiveConfig
 
 __all__ = ["clip_cov_loss", "kl_cov_loss", "gspo_loss", "cispo_loss", "dppo_tv_loss", "dppo_kl_loss", "sapo_loss",
-           "geo_mean_loss", "gpg_loss", "dro_loss", "sapo_gates"]
+           "geo_mean_loss", "gpg_loss", "dro_loss", "sapo_gates", "clamped_ratio"]
+
+
+def clamped_ratio(cfg: ObjectiveConfig, logps: Tensor, old_logps: Tensor) -> Tensor:
+    """ρ = exp(clamp(log π − log π_old, ±log_ratio_clip)) [B, T], fp32: verl's clamped importance ratio (CISPO,
+    DPPO, SAPO; stapo.losses.policy's vanilla loss clamps the same way)."""
+    return torch.exp(torch.clamp(logps.float() - old_logps.float(), -cfg.log_ratio_clip, cfg.log_ratio_clip))
 
 
 def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -111,7 +117,7 @@ def cispo_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, advant
     ℓ = −sg(clip(ρ, 1 − ε_low, 1 + ε_high)) · Â · log π_θ(y_t): every token keeps its gradient, weighted by the
     clipped importance ratio (log ρ clamped to ±log_ratio_clip)."""
     lp = logps.float()
-    ratio = torch.exp(torch.clamp(lp - old_logps.float(), -cfg.log_ratio_clip, cfg.log_ratio_clip))
+    ratio = clamped_ratio(cfg, lp, old_logps)
     weight = torch.clamp(ratio, 1 - cfg.eps_low, 1 + cfg.eps_high).detach()
     adv = advantages.float().unsqueeze(-1).expand_as(lp)
     return PerToken(-weight * adv * lp, ratio.detach(), torch.zeros_like(completion_mask), None)
@@ -127,7 +133,7 @@ def _dppo(cfg: ObjectiveConfig, logps: Tensor, old_logps: Tensor, advantages: Te
     gradient): the token is inside the trust region in the direction its advantage pushes it. A token outside
     (v = 0) keeps its place in the denominator: reported as ``detached``, as Clip-Cov's."""
     lp, old = logps.float(), old_logps.float()
-    ratio = torch.exp(torch.clamp(lp - old, -cfg.log_ratio_clip, cfg.log_ratio_clip))
+    ratio = clamped_ratio(cfg, lp, old)
     weight = torch.clamp(ratio, max=cfg.dppo_is_cap).detach()
     adv = advantages.float().unsqueeze(-1).expand_as(lp)
     with torch.no_grad():
@@ -172,7 +178,7 @@ def sapo_loss(cfg: ObjectiveConfig, *, logps: Tensor, old_logps: Tensor, advanta
     ρ = exp(clamp(log ρ, ±20)). Aggregated seq-mean-token-mean only (its declaration). TRL's loss_type="sapo" does
     not clamp (stapo.losses.trl_losses.trl_sapo_loss): a token with log ρ < −20 has gradient 0 here, ~ρ there."""
     lp = logps.float()
-    ratio = torch.exp(torch.clamp(lp - old_logps.float(), -cfg.log_ratio_clip, cfg.log_ratio_clip))
+    ratio = clamped_ratio(cfg, lp, old_logps)
     adv = advantages.float().unsqueeze(-1).expand_as(lp)
     return PerToken(-sapo_gates(cfg, ratio, adv) * adv, ratio.detach(), torch.zeros_like(completion_mask), None)
 
