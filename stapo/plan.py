@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from stapo.core.fields import check_keys
+from stapo.core.schedule import optimizer_steps_per_rollout
 
 import yaml
 
@@ -271,7 +272,7 @@ def train_run_stages(study: Study, model: str, method: str, rates: stage_model.R
     """Wall seconds of one rollout step of the run, per stage (stapo.stage_model.step_stages)."""
     plan = study.plan(model, method)
     s, entry = plan.settings, study.models[model]
-    k = s.prompts_per_generation // s.prompts_per_step * s.num_iterations  # optimiser steps per rollout batch
+    k = optimizer_steps_per_rollout(s)  # optimiser steps per rollout batch
     forwards = int(k > 1) + int(plan.objective.kl_beta > 0)  # π_old, KL reference
     return stage_model.step_stages(
         stage_model.shape(str(entry.spec).partition("?")[0], params_b), g, rates, gpus=_gpus(study, model),
