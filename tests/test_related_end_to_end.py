@@ -1,7 +1,7 @@
 """The miniature of configs/related.yaml (issue 43): every declared method of the paper, of verl and of TRL trained on
 bundled:tiny-qwen3 at configs/tiny.yaml's batch shape, its final model evaluated (arith, both sampling settings), and
-each in the report's table under its family's heading. Slow (610 s on one CPU core with 2 steps per method, 2026-12-07: 18 trainings
-of 20-31 s, 38 evaluations; now 1 step): ``make test-slow``.
+each in the report's table under its family's heading. Slow: ``make test-slow`` (2026-12-07: 610 s on one CPU core
+with 2 steps per method, 18 trainings of 20-31 s and 38 evaluations; 374 s on a quiet machine with 1 step).
 
 A random-init model never writes the answer, so the strict reward would be −1 everywhere (Â = 0, a zero gradient):
 training uses the tests' coin reward (±1 from a hash of the completion), so every loss gets non-zero advantages.
