@@ -48,10 +48,12 @@ def main(argv: list[str] | None = None) -> int:
             precheck(args, held)
             return int(importlib.import_module(SUBCOMMANDS[args.command][0]).run(args) or 0)
     except UserError as err:
-        if debug:
+        status = getattr(err, "exit_status", 2)  # a Continuation (stapo.train.continuation) is not an error
+        if debug and status == 2:
             raise
-        print((f"stapo {name}: error: " if name else "stapo: error: ") + " ".join(str(err).split()), file=sys.stderr)
-        return 2
+        prefix = f"stapo {name}: " + ("error: " if status == 2 else "") if name else "stapo: error: "
+        print(prefix + " ".join(str(err).split()), file=sys.stderr)
+        return status
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

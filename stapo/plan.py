@@ -136,7 +136,7 @@ def parse_summary(text: str) -> Jobs:
             jobs.train.append((parts[1], parts[2]))
         elif rule == "evaluate" and path.endswith(".summary.json") and len(parts) == 6:
             jobs.evaluate.append((parts[1], parts[2], parts[3], parts[4], parts[5].removesuffix(".summary.json")))
-        elif rule == "recipe":  # one small job per distinct job recipe (results/recipes/<digest>.yaml)
+        elif rule in ("recipe", "snapshot"):  # one small local job per recipe file / evaluation snapshot moved
             other[rule] = other.get(rule, 0) + 1
         elif rule not in (*TRAIN_RULES, "evaluate"):
             other[rule] = 1  # report-like rules: one job writing many files (no GPU)

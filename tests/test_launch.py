@@ -25,7 +25,7 @@ PAPER_LINE = (
     'STAPO_MAIN_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) '
     "STAPO_MAIN_PORT=$((20000 + SLURM_JOB_ID % 20000)) "
     "srun --nodes=8 --ntasks-per-node=1 --gpus-per-node=8 --kill-on-bad-exit=1 bash -c "
-    "'[ \"$SLURM_NODEID\" = 0 ] || unset STAPO_DRIVER; exec accelerate launch --config_file {config} "
+    "'[ \"$SLURM_NODEID\" = 0 ] || unset STAPO_DRIVER; trap \"\" USR1; exec accelerate launch --config_file {config} "
     "--num_machines 8 --num_processes 64 --machine_rank \"$SLURM_NODEID\" --main_process_ip \"$STAPO_MAIN_IP\" "
     "--main_process_port \"$STAPO_MAIN_PORT\" -m stapo.cli \"$@\"' stapo-train")
 
@@ -47,7 +47,7 @@ def test_eight_nodes_render_srun_and_one_accelerate_launch_per_node():
     assert '--machine_rank "$SLURM_NODEID"' in inner and words[-1] == "stapo-train"
     spaced = launch.train_launcher(2, 2, "/a dir/it's.yaml")  # a path the shell must not split
     inner = shlex.split(spaced)[shlex.split(spaced).index("-c") + 1]
-    assert shlex.split(inner.split(";", 1)[1])[4] == "/a dir/it's.yaml"
+    assert shlex.split(inner.split(";", 2)[2])[4] == "/a dir/it's.yaml"
 
 
 def test_paper_study_trains_on_8_nodes_of_8_gpus():

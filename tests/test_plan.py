@@ -28,7 +28,9 @@ def test_paper_job_counts_come_from_the_dag(paper):
     # 3 models x 4 methods; per model: (4 methods + base) x 6 benchmarks x 2 settings = 60 full evaluations,
     # plus AIME24 at t1.0_p1.0 for checkpoint-20 .. checkpoint-2980 (149 checkpoints) x 4 methods = 596 curve jobs
     # plus one small job per distinct job recipe (12 train, 6 benchmarks x 2 settings, the report) and study.yaml
-    assert jobs.counts() == {"train": 12, "evaluate": 3 * (60 + 596), "report": 1, "recipe": 25, "study_file": 1}
+    # and one local job per curve checkpoint moving its evaluation snapshot out of the run (rule snapshot)
+    assert jobs.counts() == {"train": 12, "evaluate": 3 * (60 + 596), "report": 1, "recipe": 25, "study_file": 1,
+                             "snapshot": 3 * 596}
     assert ("qwen3-8b-base", "stapo") in jobs.train
     # eval_every counts training (rollout) steps; checkpoint-N is named by optimiser step: 4 x 2980
     assert ("qwen3-8b-base", "stapo", "checkpoint-11920", "aime24", "t1.0_p1.0") in jobs.evaluate
@@ -162,7 +164,7 @@ def test_cli_prints_table_and_writes_json(tmp_path, capsys, monkeypatch):
     out = tmp_path / "plan.json"
     assert main(["plan", "--throughputs", str(tp), "--train-tps", "2500", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "jobs: train 12, evaluate 1968, report 1, recipe 25, study_file 1 (total 2007)" in text
+    assert "jobs: train 12, evaluate 1968, report 1, recipe 25, snapshot 1788, study_file 1 (total 3795)" in text
     plan = json.loads(out.read_text())
     assert plan["throughputs"]["train_tokens_per_s"] == 2500  # the flag overrides the file
     assert plan["rates"]["update_utilization"] == pytest.approx(2500 * 8 * 1.7e9 / 989e12)  # H200's peak

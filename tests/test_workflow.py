@@ -61,7 +61,9 @@ def test_paper_dry_run_job_counts(tmp_path):
     res = snakemake("-n", "--quiet", "rules", "--configfile", PAPER, "--", "results/table.md", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     # 3 models x 4 methods; (12 trained + 3 base) x 6 benchmarks x 2 settings evaluations (+ curve); one report
-    assert job_counts(res.stdout) == {"train_nodes": 12, "evaluate": 12 * 6 * 2 + 3 * 6 * 2 + curve, "report": 1}
+    # each curve checkpoint's evaluation reads its snapshot, moved out of the run by a local job (rule snapshot)
+    assert job_counts(res.stdout) == {"train_nodes": 12, "evaluate": 12 * 6 * 2 + 3 * 6 * 2 + curve, "report": 1,
+                                      "snapshot": curve}
     summaries = [f for f in planned_outputs(tmp_path, "--configfile", PAPER) if f.endswith(".summary.json")]
     assert len([f for f in summaries if f.split("/")[3] == "final"]) == 144
     assert len([f for f in summaries if f.split("/")[2:4] == ["base", "base"]]) == 36
@@ -79,7 +81,8 @@ def test_ablations_overlay_adds_methods_on_one_model(tmp_path):
                     cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     curve = methods * len(range(every, max_steps, every))
-    assert job_counts(res.stdout) == {"train_nodes": methods, "evaluate": (methods + 1) * 12 + curve, "report": 1}
+    assert job_counts(res.stdout) == {"train_nodes": methods, "evaluate": (methods + 1) * 12 + curve, "report": 1,
+                                      "snapshot": curve}
 
 
 def test_related_overlay_plans_every_methods_training(tmp_path):
@@ -256,9 +259,11 @@ def test_a_dry_run_with_another_config_cannot_change_a_planned_job(tmp_path):
     written = (tmp_path / recipe).read_text()
     # exactly what the job reads: this model's spec, this method, the train section (no resources, no eval)
     doc = yaml.safe_load(written)
+    tiny = yaml.safe_load(TINY.read_text())
+    every, last = tiny["workflow"]["eval_every"], tiny["train"]["max_steps"]
     assert doc == {"models": {"smollm2-135m": {"spec": "bundled:smollm2-135m-instruct"}},
-                   "methods": {"stapo": yaml.safe_load(TINY.read_text())["methods"]["stapo"]},
-                   "train": yaml.safe_load(TINY.read_text())["train"]}
+                   "methods": {"stapo": tiny["methods"]["stapo"]},  # + the snapshots its curve reads
+                   "train": {**tiny["train"], "snapshot_steps": list(range(every, last, every)) if every else []}}
     lr = tmp_path / "lr.yaml"
     lr.write_text("train: {learning_rate: 3.0e-5}\n")
     other = _planned_recipe(tmp_path, "--configfile", TINY, lr)  # e.g. during the real run

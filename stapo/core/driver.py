@@ -9,7 +9,7 @@ that runs the jobs (the local driver, or the SLURM job step, which parses the Sn
 A process on another host (the other nodes of a multi-node job, started by srun, which SLURM itself stops with the
 job) does not watch: that PID is not its to see.
 :func:`watch` starts a daemon thread that polls that process; once it is gone (or its PID was reused: the start
-time differs) the job terminates its own descendants and itself with SIGTERM. Checkpoints and outputs are written
+time differs) the job terminates its own descendants and itself with SIGKILL. Checkpoints and outputs are written
 atomically, so nothing half-written is left; the run lock goes with the process.
 """
 
@@ -71,13 +71,13 @@ def _descendants(pid: int) -> list[int]:
 def _stop(driver: str) -> None:
     print(f"stapo: the Snakemake process that started this job ({driver}) is gone: stopping", file=sys.stderr,
           flush=True)
+    # SIGKILL, not SIGTERM: a trainer answers SIGTERM by finishing its rollout step (stapo.train.continuation),
+    # which nobody waits for here; checkpoints and outputs are written atomically, the lock goes with the process.
     for pid in _descendants(os.getpid()):
         try:
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(30)  # a handler that swallowed SIGTERM: no way out but this
     os.kill(os.getpid(), signal.SIGKILL)
 
 

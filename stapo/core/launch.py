@@ -35,7 +35,7 @@ def train_launcher(gpus: int, nodes: int = 1, accelerate_config: str | None = No
     if nodes <= 1:
         return f"accelerate launch --config_file {config} --num_processes {int(gpus)} -m stapo.cli"
     nodes, gpus = int(nodes), int(gpus)
-    per_node = (f'[ "$SLURM_NODEID" = 0 ] || unset {driver.ENV}; '
+    per_node = (f'[ "$SLURM_NODEID" = 0 ] || unset {driver.ENV}; trap "" USR1; '  # USR1: for the trainer only
                 f"exec accelerate launch --config_file {config} --num_machines {nodes} --num_processes {nodes * gpus} "
                 '--machine_rank "$SLURM_NODEID" --main_process_ip "$STAPO_MAIN_IP" '
                 '--main_process_port "$STAPO_MAIN_PORT" -m stapo.cli "$@"')

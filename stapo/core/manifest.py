@@ -30,11 +30,12 @@ from pathlib import Path
 
 from stapo.core.atomic import atomic_write_json
 
-__all__ = ["COMPLETE", "FINAL_COMPLETE", "cut_files", "WEIGHTS", "file_sha256", "digests", "model_files",
+__all__ = ["COMPLETE", "FINAL_COMPLETE", "SNAPSHOT_COMPLETE", "cut_files", "WEIGHTS", "file_sha256", "digests", "model_files",
            "write_manifest", "read_manifest", "verify", "problems"]
 
 COMPLETE = "STAPO_CHECKPOINT_COMPLETE"  # checkpoint manifest, written after every rank has saved
 FINAL_COMPLETE = "STAPO_FINAL_COMPLETE"  # final/ manifest, written into the temporary dir before the rename
+SNAPSHOT_COMPLETE = "STAPO_SNAPSHOT_COMPLETE"  # snapshot-N/ manifest (evaluation weights), likewise
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # Files whose bytes decide what a loaded model generates (weights, their index, config, tokenizer) ...
 MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".model", ".txt", ".jinja")

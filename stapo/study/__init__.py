@@ -29,14 +29,14 @@ from pathlib import Path
 
 from stapo.study.evaluation import EvalSection
 from stapo.study.objective import OBJECTIVES, ObjectiveConfig, get_objective
-from stapo.study.read import (TRAIN_SECTIONS, check_schema, curve_checkpoints, default, kept_checkpoints, load, parse,
+from stapo.study.read import (TRAIN_SECTIONS, check_schema, curve_checkpoints, default, snapshot_steps, load, parse,
                               read, resolve_plan)
 from stapo.study.schema import SECTIONS, study_schema
 from stapo.study.sections import ModelEntry, Plan, Study, StudyError, WorkflowSection, split_run
 from stapo.study.train import TrainSettings, accumulation, train_settings
 
 __all__ = ["SCHEMA", "SECTIONS", "StudyError", "Study", "ModelEntry", "WorkflowSection", "Plan", "load", "parse",
-           "read", "check_schema", "study_schema", "resolve_plan", "default", "curve_checkpoints", "kept_checkpoints",
+           "read", "check_schema", "study_schema", "resolve_plan", "default", "curve_checkpoints", "snapshot_steps",
            "TRAIN_SECTIONS", "split_run", "EvalSection", "ObjectiveConfig", "OBJECTIVES", "get_objective",
            "TrainSettings", "train_settings", "accumulation"]
 

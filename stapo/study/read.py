@@ -20,7 +20,7 @@ from stapo.study.train import TrainSettings, accumulation, train_settings
 from stapo.tasks.registry import BUNDLED, HUB, benchmark_file
 
 __all__ = ["load", "check_schema", "parse", "read", "resolve_plan", "default", "curve_checkpoints",
-           "kept_checkpoints", "TRAIN_SECTIONS"]
+           "snapshot_steps", "TRAIN_SECTIONS"]
 
 TRAIN_SECTIONS = ("models", "methods", "train")  # what a `stapo train --recipe` file must hold
 _MAX = 160  # characters of an offending value quoted in a message
@@ -183,39 +183,27 @@ def default() -> Study:
     return parse({}, source="defaults", required=())
 
 
-def kept_checkpoints(settings: TrainSettings) -> list[int]:
-    """TRL optimiser steps of the ``checkpoint-<N>`` a finished run still holds: one every ``save_steps`` rollout
-    steps and one at ``max_steps`` (HF's Trainer saves at the end too), the newest ``save_total_limit`` of them."""
-    k = optimizer_steps_per_rollout(settings)
-    every, last = settings.save_steps, settings.max_steps
-    saves = last // every + (last % every != 0)  # the periodic saves, and one at max_steps unless it is one
-    newest = min(saves, settings.save_total_limit or saves)  # the tail only: never one entry per save of the run
-    steps = [last] if last % every else []
-    steps = [every * i for i in range(last // every - newest + len(steps) + 1, last // every + 1)] + steps
-    return [n * k for n in steps]
+def snapshot_steps(study: Study, model: str, method: str | None = None) -> list[int]:
+    """The rollout steps after which the run of (model, method) writes an evaluation snapshot (``snapshot-<N>``,
+    stapo.train.rundir): those of the ``checkpoint-<N>`` the workflow evaluates (``workflow.checkpoints``, the
+    ``eval_every`` curve), N = k × the rollout step."""
+    k = optimizer_steps_per_rollout(study.train_settings(model, method))
+    named = [c for c in study.workflow.checkpoints if c != "final"] + curve_checkpoints(study, model, method)
+    return sorted({int(c.removeprefix("checkpoint-")) // k for c in named})
 
 
 def _check_evaluated_checkpoints(study: Study, model: str, method: str | None = None) -> None:
     """Every checkpoint the workflow evaluates (``workflow.checkpoints``, the ``eval_every`` curve) is one the run
-    saves and still holds when its evaluations start (after final/)."""
+    writes a snapshot of: a rollout boundary (a multiple of k optimiser steps) below train.max_steps."""
     settings = study.train_settings(model, method)
-    kept = kept_checkpoints(settings)
-    kept_set = set(kept)
-    named = [("workflow.checkpoints", c) for c in study.workflow.checkpoints if c != "final"]
-    named += [("workflow.eval_every", c) for c in curve_checkpoints(study, model, method)]
-    for key, ckpt in named:
+    k = optimizer_steps_per_rollout(settings)
+    for ckpt in (c for c in study.workflow.checkpoints if c != "final"):
         n = int(ckpt.removeprefix("checkpoint-"))
-        if n in kept_set:
-            continue
-        k = optimizer_steps_per_rollout(settings)
-        saved = n % (settings.save_steps * k) == 0 and 0 < n <= settings.max_steps * k
-        why = (f"train.save_total_limit ({settings.save_total_limit}) deletes it before the evaluations run"
-               if saved else f"train.save_steps {settings.save_steps} × {k} optimiser steps per rollout step up "
-               f"to train.max_steps {settings.max_steps} never saves it")
-        shown = ", ".join(f"checkpoint-{m}" for m in kept[-6:])
-        run = f"models.{model}" + (f" (methods.{method})" if method else "")
-        raise ValueError(f"{key}: {ckpt} of {run} will not exist: {why}; the run keeps "
-                         + (shown if len(kept) <= 6 else f"{len(kept):,} checkpoints, the newest {shown}"))
+        if n % k or not 0 < n < settings.max_steps * k:
+            run = f"models.{model}" + (f" (methods.{method})" if method else "")
+            raise ValueError(f"workflow.checkpoints: {ckpt} of {run} will not exist: evaluation snapshots are taken "
+                             f"at rollout boundaries, checkpoint-<k x step> with k = {k} optimiser steps per rollout "
+                             f"step and 0 < step < train.max_steps ({settings.max_steps})")
 
 
 def _check_data_dir(study: Study) -> None:
@@ -253,9 +241,6 @@ def curve_checkpoints(study: Study, model: str, method: str | None = None) -> li
     if not every:
         return []
     train = study.train_settings(model, method)
-    if every % train.save_steps:
-        raise ValueError(f"workflow.eval_every ({every}) must be a multiple of train.save_steps "
-                         f"({train.save_steps}): only saved checkpoints can be evaluated")
     points = (train.max_steps - 1) // every
     if points > MAX_CURVE_POINTS:
         raise ValueError(f"workflow.eval_every ({every}) puts {points:,} checkpoints of train.max_steps "

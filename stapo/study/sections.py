@@ -108,7 +108,8 @@ class WorkflowSection:
         items={"type": "string", "pattern": "^(final|checkpoint-[0-9]+)$"})
     eval_every: int | None = option(
         None, "evaluate a checkpoint every N training (rollout) steps below train.max_steps on curve_benchmark "
-        "(paper Figure 1: 20); a multiple of train.save_steps; final is the curve's last point. null = no curve",
+        "(paper Figure 1: 20), from the run's evaluation snapshots (train.snapshot_steps); final is the curve's last "
+        "point. null = no curve",
         minimum=1)
     curve_benchmark: str = option("aime24", "the benchmark of the accuracy-vs-step curve (skipped when the study "
                                   "does not evaluate it)")
@@ -133,9 +134,17 @@ class WorkflowSection:
         "give runs/<model>/<method>/seed<k>/ and scores/<model>/<method>/seed<k>/...", minItems=1,
         items={"type": "integer", "minimum": 0})
     keep_checkpoints: bool = option(
-        True, "false: once a run's final/ is written, its training job deletes the checkpoint-N/ dirs no evaluation "
-        "of the workflow reads (checkpoints, the eval_every curve): each holds the optimizer state (the CPU "
-        "miniature: 1.6 GB, 15 GB a demo); a finished run needs none to resume")
+        True, "false: once a run's final/ is written, its training job deletes the run's resume checkpoints "
+        "(checkpoint-N/: weights, optimiser and RNG state, the newest train.save_total_limit of them); a finished run "
+        "needs none to resume, only to train further")
+    keep_snapshots: bool = option(
+        False, "true: keep every evaluation snapshot (snapshot-N/: weights only) after its evaluations; false: "
+        "Snakemake deletes each once every evaluation that reads it is scored (a temp() output)")
+    train_leave_before: int = option(
+        60, "minutes before a SLURM training job's wall-time limit at which it is asked to leave (sbatch "
+        "--signal=USR1@<seconds>): it trains to the end of its rollout step, saves a resume checkpoint and requeues "
+        "itself (stapo.train.continuation). Must cover one rollout step and a checkpoint save (stapo plan); below "
+        "train_runtime", minimum=1, maximum=1092)
 
 
 @dataclass

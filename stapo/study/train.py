@@ -63,9 +63,17 @@ class TrainSettings:
                          "train_settings checks it)")
     max_steps: int = option(3000, "training steps in the paper's unit, rollout batches (verl steps; curves run past "
                             "3,000)")
-    save_steps: int = option(20, "checkpoint every N rollout steps (paper evaluates every 20); checkpoint-<N> "
-                             "directories are named by TRL's optimiser step: rollout step x k (stapo.core.schedule)")
-    save_total_limit: int | None = option(None, "keep only the newest N checkpoints (null = all)")
+    save_steps: int = option(20, "resume checkpoint every N rollout steps (weights, optimiser, RNG, data position); "
+                             "checkpoint-<N> directories are named by TRL's optimiser step: rollout step x k "
+                             "(stapo.core.schedule). A job asked to leave (SIGUSR1/SIGTERM) also saves one at its next "
+                             "rollout boundary (stapo.train.continuation)")
+    save_total_limit: int | None = option(1, "resume checkpoints kept: the newest N complete ones, the older deleted "
+                                          "once a new one is complete (null = all)", minimum=1)
+    snapshot_steps: list[int] = option(
+        help="rollout steps after which an evaluation snapshot is written: snapshot-<N>/, the weights only, in the "
+        "dtype the evaluation loads (bf16 when bf16 is true, else fp32), safetensors (stapo.train.rundir). The "
+        "workflow sets it from workflow.eval_every and workflow.checkpoints; by hand: none",
+        default_factory=list, items={"type": "integer", "minimum": 1})
     learning_rate: float = option(1e-6, "AdamW learning rate (paper: constant 1e-6 after warm-up)")
     warmup_steps: int = option(10, "warm-up rollout steps; the schedule advances once per rollout step, as verl's")
     lr_scheduler_type: str = option("constant_with_warmup", "transformers' scheduler name")
@@ -168,6 +176,13 @@ def _validate(s: TrainSettings, where: str) -> None:
     if not 0.0 < s.temperature or not 0.0 < s.top_p <= 1.0:
         raise ValueError(f"{where}.temperature/top_p: need temperature > 0 and top_p in (0, 1], got "
                          f"{s.temperature}, {s.top_p}")
+    if s.save_total_limit is not None and (isinstance(s.save_total_limit, bool)
+                                           or not isinstance(s.save_total_limit, int) or s.save_total_limit < 1):
+        raise ValueError(f"{where}.save_total_limit: a positive integer (resume checkpoints kept) or null (all), got "
+                         f"{s.save_total_limit!r}")
+    steps = s.snapshot_steps
+    if not isinstance(steps, list) or not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n for n in steps):
+        raise ValueError(f"{where}.snapshot_steps: a list of rollout steps >= 1, got {str(steps)[:80]}")
     if s.diagnostics_every < 0 or s.diagnostics_examples < 0:
         raise ValueError(f"{where}.diagnostics_every and {where}.diagnostics_examples must be >= 0")
     if s.learning_rate <= 0 or s.warmup_steps < 0 or s.max_grad_norm < 0 or s.weight_decay < 0:

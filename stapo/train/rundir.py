@@ -9,9 +9,17 @@ Layout of DIR (``runs/<model>/<method>``):
     metrics.jsonl       one JSON line per optimiser step (+ the token diagnostics' files), appended and fsynced.
     stapo.lock          the one-writer lock (stapo.core.lock): a second run into DIR refuses at once, naming the
                         holder's PID and host; the kernel drops it when the holder dies (kill -9 included).
-    checkpoint-<N>/     HF Trainer checkpoints. ``STAPO_CHECKPOINT_COMPLETE`` is written last, once every rank
-                        has saved: a JSON manifest {step, files: {path: bytes}, sha256: {path: digest}}
-                        (stapo.core.manifest).
+    checkpoint-<N>/     resume state: HF Trainer checkpoints (weights, optimiser, scheduler, RNG, data position).
+                        ``STAPO_CHECKPOINT_COMPLETE`` is written last, once every rank has saved: a JSON manifest
+                        {step, files: {path: bytes}, sha256: {path: digest}} (stapo.core.manifest). Only the newest
+                        ``train.save_total_limit`` (default 1) are kept, the older ones deleted once the new one is
+                        complete (never before: a kill during a save leaves the previous one). Saved every
+                        ``train.save_steps`` rollout steps and when the job is asked to leave (stapo.train.continuation).
+    snapshot-<N>/       evaluation snapshot: the weights only, in the dtype the evaluation loads (bf16 when the run
+                        trains in bf16, else fp32), safetensors, config and tokenizer, at the rollout steps of
+                        ``train.snapshot_steps`` (the workflow's eval_every curve and named checkpoints), with its
+                        manifest ``STAPO_SNAPSHOT_COMPLETE``. The workflow deletes each once its evaluations are scored
+                        (workflow.keep_snapshots: false).
     final/              weights + tokenizer, written through a temporary sibling and one rename, with its own
                         manifest ``STAPO_FINAL_COMPLETE``. The run is done iff final/ verifies.
 
@@ -45,13 +53,13 @@ from stapo.train.diagnostics import TokenDiagnostics
 from stapo.core.errors import UserError
 from stapo.core.jsonl import JsonlError, jsonl_records
 from stapo.core.lock import RUN_LOCK, hold
-from stapo.core.manifest import COMPLETE, FINAL_COMPLETE
+from stapo.core.manifest import COMPLETE, FINAL_COMPLETE, SNAPSHOT_COMPLETE
 from stapo.tasks.problems import TrainPrompt
 
 __all__ = ["COMPLETE", "FINAL_COMPLETE", "RunDirError", "run_lock", "final_problems", "RunConfigMismatch",
            "CheckpointSentinel", "checkpoints", "problems", "latest_complete_checkpoint", "prepare_resume",
            "trim_jsonl", "claim", "config_changes", "verify_final", "save_final", "finalize_from_checkpoint",
-           "checkpoint_step", "LOGS"]
+           "checkpoint_step", "LOGS", "Snapshots", "snapshots"]
 
 log = logging.getLogger("stapo.train.rundir")
 CONFIG = "config.yaml"
@@ -65,7 +73,7 @@ RESUME_ONLY = ("optimizer.pt", "scheduler.pt", "trainer_state.json", "scaler.pt"
 LATER_KEYS = {"train.prompt": TrainPrompt.STRIPPED.value, "train.report_to": "none", "trl.engine": None,
               "trl.normaliser": None}
 # train.* keys that change no weight: a rerun may change them
-BOOKKEEPING = ("save_steps", "save_total_limit", "logging_steps", "diagnostics_every", "diagnostics_examples",
+BOOKKEEPING = ("save_steps", "save_total_limit", "snapshot_steps", "logging_steps", "diagnostics_every", "diagnostics_examples",
                "report_to")
 CONSTANT_LR = ("constant", "constant_with_warmup")
 
@@ -147,14 +155,88 @@ def _resume_point(out: Path) -> tuple[Path | None, dict[Path, list[str]]]:
 
 
 class CheckpointSentinel(TrainerCallback):
-    """Write ``checkpoint-<step>/STAPO_CHECKPOINT_COMPLETE`` once every rank has finished saving it."""
+    """Write ``checkpoint-<step>/STAPO_CHECKPOINT_COMPLETE`` once every rank has finished saving it, then delete the
+    resume checkpoints older than the newest ``keep`` complete ones (None: keep all). HF's own rotation
+    (save_total_limit) is off: it deletes the previous checkpoint before the new one is complete."""
+
+    def __init__(self, keep: int | None = None):
+        self.keep = keep
 
     def on_save(self, args, state, control, **kwargs):
         process_state().wait_for_everyone()  # ZeRO shards and per-rank RNG files are written by every rank
         if state.is_world_process_zero:
-            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            out = Path(args.output_dir)
+            ckpt = out / f"checkpoint-{state.global_step}"
             if ckpt.is_dir():
                 _write_manifest(ckpt, COMPLETE, state.global_step)
+                if self.keep is not None:
+                    rotate_checkpoints(out, self.keep)
+        process_state().wait_for_everyone()
+
+
+def rotate_checkpoints(out: Path, keep: int) -> list[Path]:
+    """Delete every ``checkpoint-<N>`` older than the newest ``keep`` that carry their manifest; returns them."""
+    complete = [path for _, path in checkpoints(out) if (path / COMPLETE).is_file()]
+    if len(complete) <= keep:
+        return []
+    newest_kept = complete[-keep]
+    gone = [path for n, path in checkpoints(out) if n < checkpoint_step(newest_kept)]
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    return gone
+
+
+def snapshots(out: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, path) of every ``snapshot-<N>`` directory, oldest first."""
+    found = []
+    for path in Path(out).glob("snapshot-*"):
+        suffix = path.name[len("snapshot-"):]
+        if path.is_dir() and suffix.isdigit():
+            found.append((int(suffix), path))
+    return sorted(found)
+
+
+class Snapshots(TrainerCallback):
+    """Write ``snapshot-<N>/`` (module docstring) after the optimiser steps N = k × each of ``settings.snapshot_steps``;
+    ``trainer`` is set once built. Every rank enters (FSDP/ZeRO gather the full state dict); rank 0 writes, through a
+    temporary sibling and one rename."""
+
+    def __init__(self, settings, k: int):
+        import torch
+
+        self.steps = {n * k for n in settings.snapshot_steps}
+        self.dtype = torch.bfloat16 if settings.bf16 else torch.float32
+        self.trainer = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step in self.steps:
+            write_snapshot(self.trainer, Path(args.output_dir), state.global_step, self.dtype)
+
+
+def write_snapshot(trainer, out: Path, step: int, dtype) -> Path:
+    """``out/snapshot-<step>``: the trainer's model in ``dtype`` (safetensors), its config (dtype recorded) and
+    tokenizer, and the manifest."""
+    acc = trainer.accelerator
+    state_dict = acc.get_state_dict(trainer.model)  # a collective under FSDP / ZeRO-3: every rank calls it
+    dest = out / f"snapshot-{step}"
+    if acc.is_main_process:
+        tmp = out / f".snapshot-{step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        cast = {key: value.detach().to(dtype).contiguous() for key, value in state_dict.items()}
+        model = acc.unwrap_model(trainer.model)
+        model.save_pretrained(str(tmp), state_dict=cast, safe_serialization=True)
+        config = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
+        for key in ("dtype", "torch_dtype"):  # what the evaluation's dtype="auto" loads
+            if key in config:
+                config[key] = str(dtype).removeprefix("torch.")
+        atomic_write(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+        trainer.processing_class.save_pretrained(str(tmp))
+        _write_manifest(tmp, SNAPSHOT_COMPLETE, step)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    acc.wait_for_everyone()
+    return dest
 
 
 # ------------------------------------------------------------------------------------------------ resume
@@ -192,6 +274,10 @@ def _clean_after(out: Path, resume: Path | None, damaged: dict[Path, list[str]])
         found = damaged.get(path) or (problems(path, content=False) if n < step else [])
         if n > step or found:
             log.warning("removing checkpoint %s: %s", path, "; ".join(found) or f"newer than step {step}")
+            shutil.rmtree(path, ignore_errors=True)
+    for n, path in snapshots(out):  # written after the resume point: the resumed run writes them again
+        if n > step:
+            log.warning("removing snapshot %s: newer than step %d", path, step)
             shutil.rmtree(path, ignore_errors=True)
     for name in LOGS:
         trim_jsonl(out / name, step)
@@ -253,7 +339,8 @@ def config_changes(started: dict, now: dict, *, last_step: int = 0) -> list[str]
 def is_run_entry(name: str) -> bool:
     """Whether ``name`` in a run directory is something a run writes (config, logs, checkpoints, final, TensorBoard
     events); --restart moves only these, so a run directory pointed at the wrong place moves nobody else's files."""
-    return (name in (CONFIG, *LOGS, "final", ".final.tmp", "runs") or name.startswith(("checkpoint-", "final.")))
+    return (name in (CONFIG, *LOGS, "final", ".final.tmp", "runs")
+            or name.startswith(("checkpoint-", "final.", "snapshot-", ".snapshot-")))
 
 
 def _supersede(out: Path) -> Path:

@@ -51,7 +51,8 @@ def grpo_config(plan: Plan, out: Path, num_processes: int = 1, *, deepspeed: boo
     load_bf16 = s.bf16 and deepspeed
     kwargs = dict(
         output_dir=str(out), max_steps=s.max_steps * k, save_strategy="steps", save_steps=s.save_steps * k,
-        save_total_limit=s.save_total_limit, logging_steps=1, report_to=s.report_to,
+        save_total_limit=None, logging_steps=1,  # rotation: rundir.CheckpointSentinel
+        report_to=s.report_to,
         run_name=f"{plan.model_key}/{plan.method_key}/seed{s.seed}", seed=s.seed, data_seed=s.seed,
         learning_rate=s.learning_rate, lr_scheduler_type=s.lr_scheduler_type, warmup_steps=s.warmup_steps * k,
         weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm, optim="adamw_torch",

@@ -3,7 +3,9 @@ import hashlib
 import os
 import re
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 import json
 
@@ -38,6 +40,13 @@ def check_profile_variables():
 
 
 check_profile_variables()
+
+# Inside a SLURM job, a training job's step gets SIGUSR1 ahead of its wall-time limit (train_slurm_extra). It is meant
+# for `stapo train`, which installs its own handler (stapo.train.continuation); this Snakemake process (under the
+# SLURM executor, the one that runs the rule inside the job step) and the shell and launcher it starts ignore it
+# (an ignored signal stays ignored across exec) instead of dying of it.
+if os.environ.get("SLURM_JOB_ID") and threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 # Every job's `stapo` watches this process (the driver, or the SLURM job step that runs the job: it parses this
 # file again) and stops when it is gone, instead of training on orphaned (stapo.core.driver).
@@ -93,10 +102,12 @@ def unlabelled(entry):
 
 
 def train_recipe_of(model, method):
-    """models.<model> (spec and per-model train overrides: not resources), methods.<method>, train."""
+    """models.<model> (spec and per-model train overrides: not resources), methods.<method>, train; with the rollout
+    steps whose evaluation snapshots the workflow reads (train.snapshot_steps: workflow.checkpoints, eval_every)."""
     entry = config["models"][model]
+    train = {**config["train"], "snapshot_steps": stapo_study.snapshot_steps(STUDY, model, method)}
     return recipe_file({"models": {model: {k: entry[k] for k in ("spec", "train") if k in entry}},
-                        "methods": {method: unlabelled(config["methods"][method])}, "train": config["train"]})
+                        "methods": {method: unlabelled(config["methods"][method])}, "train": train})
 
 
 def eval_recipe_of(benchmark, setting):
@@ -217,15 +228,32 @@ def train_launcher(wildcards):
 
 
 def prune_checkpoints(wildcards):
-    """With workflow.keep_checkpoints false, the shell tail that deletes the run's checkpoint-N/ no evaluation
-    reads, once final/ is written (each holds the optimizer state); else nothing."""
+    """With workflow.keep_checkpoints false, the shell tail that deletes the run's resume checkpoints (checkpoint-N/,
+    each with its optimiser state) once final/ is written; else nothing. Evaluations read snapshots, not these."""
     if WF.keep_checkpoints:
         return ""
-    kept = sorted((set(WF.checkpoints) | set(stapo_study.curve_checkpoints(STUDY, wildcards.model,
-                                                                                RUNS[wildcards.run][0]))) - {"final"})
-    keep = "".join(f" ! -name {shlex.quote(c)}" for c in kept)
     run_dir = shlex.quote(f"runs/{wildcards.model}/{wildcards.run}")
-    return f" && find {run_dir} -maxdepth 1 -name 'checkpoint-*'{keep} -exec rm -rf {{}} +"
+    return f" && find {run_dir} -maxdepth 1 -name 'checkpoint-*' -exec rm -rf {{}} +"
+
+
+def requeue_on_leave(wildcards):
+    """Under the SLURM executor: the shell tail that requeues the job when `stapo train` left at a rollout boundary
+    on request (exit status 75, stapo.train.continuation), so the next job of the same id continues the run; any
+    other status stays a failure (the profile's retries). Elsewhere nothing: exit 75 is a failure, rerun to continue."""
+    if getattr(workflow.executor_plugin, "name", None) != "slurm" and not os.environ.get("SLURM_JOB_ID"):
+        return ""
+    log = shlex.quote(f"logs/train/{wildcards.model}/{wildcards.run}.log")
+    return (' || { rc=$?; if [ "$rc" = 75 ] && [ -n "${SLURM_JOB_ID:-}" ]; then'
+            f' echo "stapo: requeueing SLURM job $SLURM_JOB_ID to continue the run" >> {log};'
+            ' scontrol requeue "$SLURM_JOB_ID"; fi; exit "$rc"; }')
+
+
+def train_slurm_extra(wildcards):
+    """sbatch flags of a training job: requeueable, and SIGUSR1 workflow.train_leave_before minutes ahead of its
+    wall-time limit (at most half of it), when it saves a checkpoint at its next rollout boundary and leaves."""
+    runtime = model_opt(wildcards.model, "train_runtime")
+    seconds = min(WF.train_leave_before, max(runtime // 2, 1)) * 60
+    return f"--requeue --signal=USR1@{seconds}"
 
 
 def repo_path(path):
@@ -237,16 +265,30 @@ def repo_path(path):
 
 
 def eval_model_input(wildcards):
-    """Evaluations of trained checkpoints wait for training to finish (final/ exists)."""
+    """Evaluations of trained checkpoints wait for training to finish (final/ exists); a checkpoint-N is read from
+    its evaluation snapshot (rule snapshot)."""
     if wildcards.ckpt == BASE:
         return []
-    return f"runs/{wildcards.model}/{wildcards.run}/final"
+    return eval_model_arg(wildcards)
 
 
 def eval_model_arg(wildcards):
     if wildcards.ckpt == BASE:
         return STUDY.models[wildcards.model].spec
-    return f"runs/{wildcards.model}/{wildcards.run}/{wildcards.ckpt}"
+    if wildcards.ckpt == "final":
+        return f"runs/{wildcards.model}/{wildcards.run}/final"
+    return snapshot_dir(wildcards.model, wildcards.run, wildcards.ckpt)
+
+
+def snapshot_output(pattern):
+    """The snapshot rule's output: temp() unless the study keeps snapshots."""
+    out = directory(pattern)
+    return out if WF.keep_snapshots else temp(out)
+
+
+def snapshot_dir(model, run, ckpt):
+    """Where the workflow keeps the evaluation snapshot of checkpoint-N (a temp() output unless keep_snapshots)."""
+    return f"snapshots/{model}/{run}/{ckpt}"
 
 
 def eval_options(wildcards):

@@ -17,6 +17,7 @@ rule report:
         csv="results/scores.csv",
         examples="results/silenced_examples.md",
         index="results/figures.md",
+        cost="results/cost.md",
         figures=report(directory("results/figures"), patterns=["{name}.png"], category="Figures",
                        caption="../report/figure.rst"),
     log:
