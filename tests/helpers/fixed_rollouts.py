@@ -2,7 +2,7 @@
 
 Run as ``python tests/helpers/fixed_rollouts.py train ...`` or under ``accelerate launch``. Everything is the real
 trainer except two things a test must pin down to compare runs with different process counts:
-- ``GRPOTrainer._generate_single_turn`` returns completions drawn from a RNG keyed by (generation call, GLOBAL
+- ``GRPOTrainer._generate_single_turn`` returns completions drawn from a RNG keyed by (rollout step, GLOBAL
   sample index = rank × local batch + position), so every sample is the same whatever the process count;
 - reward ``coin``: a deterministic ±1 from the completion text (a random model never solves a problem).
 
@@ -48,11 +48,13 @@ from stapo.train.trainer import StapoGRPOTrainer  # noqa: E402
 
 
 def fixed_completions(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-    self._fixed_calls = getattr(self, "_fixed_calls", 0) + 1
+    # keyed by the optimiser step the rollout starts at (not by a count of calls, which restarts at 1 in a resumed
+    # process): a resumed run generates what the uninterrupted one did at the same step
+    rollout = self.state.global_step
     rank, n_local = self.accelerator.process_index, len(prompt_ids)
     out = []
     for i in range(n_local):
-        rng = random.Random(f"{self._fixed_calls}-{rank * n_local + i}")
+        rng = random.Random(f"{rollout}-{rank * n_local + i}")
         ids = [rng.randrange(100, 5000) for _ in range(rng.randint(2, 7))]
         if rng.random() < 0.7:  # most end with EOS, the rest are truncated
             ids.append(self.eos_token_ids[0])
