@@ -21,6 +21,7 @@ from stapo.core import driver
 
 from stapo import study
 from stapo.core.atomic import check_creatable_dir
+from stapo.core import leave
 from stapo.core.errors import ArgumentParser, UserError
 
 # subcommand -> (module, one-line help); each module exposes run(args) -> int, and add_arguments(parser) except
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("STAPO_DEBUG", "0") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else ""
+    if name == "train":  # before any heavy import: a leave signal during start-up is answered, not fatal
+        leave.record()
     try:
         with ExitStack() as held:
             args = parse_args(argv)

@@ -15,6 +15,7 @@ STAPO_TEST_SLURM_PARTITION; marker ``slurm``, skipped elsewhere), through the pr
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -34,6 +35,7 @@ PROFILE = ROOT / "workflow" / "profiles" / "slurm"
 PAPER, TINY = ROOT / "configs" / "paper.yaml", ROOT / "configs" / "tiny.yaml"
 PARTITION = os.environ.get("STAPO_TEST_SLURM_PARTITION")
 PAPER_PARTITION = os.environ.get("STAPO_TEST_SLURM_PAPER_PARTITION")  # 8 nodes of 8 GPUs (cluster.sh)
+SHORT_PARTITION = os.environ.get("STAPO_TEST_SLURM_SHORT_PARTITION")  # MaxTime 2 minutes (cluster.sh)
 SBATCH = shutil.which("sbatch") or "/usr/bin/sbatch"
 
 # sbatch as the plugin calls it, recorded: one line per call, "<exit status>\t<output>\t<arguments>".
@@ -215,7 +217,8 @@ def _weights(path: Path) -> dict:
 
 @on_cluster
 def test_cancelled_training_job_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path):
-    """scancel after the first complete checkpoint; the profile's retries resubmit the job, `stapo train` resumes.
+    """Killed without warning (scancel --signal=KILL) after the first complete checkpoint; the profile's retries
+    resubmit the job, `stapo train` resumes.
 
     The random-init model earns no reward (zero advantages): its updates are AdamW's weight decay, so the learning
     rate is raised until 5 steps move the weights measurably; the comparison with the initial weights shows it."""
@@ -235,7 +238,7 @@ def test_cancelled_training_job_resumes_to_the_weights_of_an_uninterrupted_run(t
         done = _wait_for(lambda: sorted(run.glob("checkpoint-*/STAPO_CHECKPOINT_COMPLETE")), 600,
                          "a complete checkpoint", proc)
         assert not (run / "final").exists(), "the run finished before it could be cancelled"
-        subprocess.run(["scancel", job], check=True)
+        subprocess.run(["scancel", "--signal=KILL", "--full", job], check=True)  # no warning, no checkpoint
         cancelled_at = len(done)
         metrics_then = (run / "metrics.jsonl").read_text().splitlines()
         proc.wait(timeout=1200)
@@ -266,6 +269,60 @@ def test_cancelled_training_job_resumes_to_the_weights_of_an_uninterrupted_run(t
     assert moved > 1e-4, "the weights barely move: the comparison would be vacuous"
     assert delta == 0.0, f"resumed weights differ from the uninterrupted run's: max|Δθ| = {delta}"
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+
+
+def continued_study(tmp_path: Path, max_steps: int) -> Path:
+    """The tiny study's stapo run on 2 training processes (accelerate launch, DDP on CPU ranks), in jobs of at most
+    2 minutes (the short partition's real MaxTime) asked to leave 20 s ahead of it, no periodic checkpoint."""
+    path = tiny_study(tmp_path, methods=["stapo"], max_steps=max_steps, learning_rate=0.05, weight_decay=0.1,
+                      warmup_steps=0, save_steps=1000, prompts_per_generation=2, prompts_per_step=2,
+                      num_generations=4, per_device_train_batch_size=2)
+    engine = yaml.safe_load((ROOT / "configs" / "accelerate" / "ddp.yaml").read_text())
+    engine["mixed_precision"] = "no"
+    (tmp_path / "ddp-cpu.yaml").write_text(yaml.safe_dump(engine))
+    study = yaml.safe_load(path.read_text())
+    study["models"]["tiny-qwen3"].update(gpus=2, accelerate_config=str(tmp_path / "ddp-cpu.yaml"))
+    study["workflow"].update(train_runtime=2, train_leave_before=20, threads=1)
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+@on_cluster
+def test_a_run_longer_than_the_wall_time_limit_continues_over_jobs_to_the_uninterrupted_weights(tmp_path):
+    """A partition whose real MaxTime (2 min) is shorter than the run: each job gets SIGUSR1 20 s ahead of its limit (up to 60 s earlier)
+    (sbatch --signal), saves a checkpoint at its next rollout boundary, exits 75 and requeues itself (scontrol
+    requeue, the same job id); Snakemake waits on the pending job, not counting a failure (--retries 0 here); the
+    run ends after >= 3 jobs with the weights of an uninterrupted run on the same 2 processes."""
+    import torch
+
+    bin_dir, log = recording_bin(tmp_path)
+    study = continued_study(tmp_path, max_steps=int(os.environ.get("STAPO_TEST_CONTINUED_STEPS", "45")))
+    run = tmp_path / "runs" / "tiny-qwen3" / "stapo"
+    t0 = time.monotonic()
+    proc = subprocess.run(snakemake_cmd(tmp_path, "--configfile", study, "--jobs", "1", "--retries", "0",
+                                        "--slurm-init-seconds-before-status-checks", "5", "--",
+                                        "runs/tiny-qwen3/stapo/final"),
+                          env=snakemake_env(bin_dir, STAPO_SLURM_PARTITION=SHORT_PARTITION), capture_output=True,
+                          text=True, timeout=1200)
+    seconds = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    trains = [c for c in sbatch_calls(log) if "rule_train" in c["job"]]
+    assert len(trains) == 1 and "--signal=USR1@20" in trains[0]["args"] and "--requeue" in trains[0]["args"], trains
+    info = subprocess.run(["scontrol", "show", "job", trains[0]["out"]], capture_output=True, text=True).stdout
+    restarts = int(re.search(r"Restarts=(\d+)", info).group(1))  # requeues of the one submitted job
+    rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+
+    ref = tmp_path / "uninterrupted"
+    cmd = ["accelerate", "launch", "--config_file", str(tmp_path / "ddp-cpu.yaml"), "--num_processes", "2", "-m",
+           "stapo.cli", "train", "--recipe", str(study), "--model", "tiny-qwen3", "--method", "stapo", "--out", str(ref)]
+    subprocess.run(cmd, check=True, env=snakemake_env(bin_dir), capture_output=True, timeout=900)
+    resumed, uninterrupted = _weights(run / "final"), _weights(ref / "final")
+    delta = max(float((resumed[k].float() - uninterrupted[k].float()).abs().max()) for k in resumed)
+    print(f"\ncontinued run: 1 submission, {restarts + 1} jobs (requeued by themselves), "
+          f"{len(rows)} steps, {seconds:.0f} s; max|Δθ| vs uninterrupted = {delta:.3g}")
+    assert restarts >= 2, info
+    assert delta == 0.0 and all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
 def path_without(tool: str, tmp_path: Path) -> str:

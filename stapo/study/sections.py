@@ -141,10 +141,11 @@ class WorkflowSection:
         False, "true: keep every evaluation snapshot (snapshot-N/: weights only) after its evaluations; false: "
         "Snakemake deletes each once every evaluation that reads it is scored (a temp() output)")
     train_leave_before: int = option(
-        60, "minutes before a SLURM training job's wall-time limit at which it is asked to leave (sbatch "
-        "--signal=USR1@<seconds>): it trains to the end of its rollout step, saves a resume checkpoint and requeues "
-        "itself (stapo.train.continuation). Must cover one rollout step and a checkpoint save (stapo plan); below "
-        "train_runtime", minimum=1, maximum=1092)
+        3600, "seconds before a SLURM training job's wall-time limit at which it is asked to leave (sbatch "
+        "--signal=USR1@<seconds>, at most half the job's train_runtime; SLURM may send it up to a minute early): it "
+        "trains to the end of its rollout step, saves a resume checkpoint and requeues itself "
+        "(stapo.train.continuation). Must cover one rollout step and a checkpoint save, and come after the job's "
+        "start-up", minimum=10, maximum=65535)
 
 
 @dataclass

@@ -52,6 +52,7 @@ from stapo.core.atomic import atomic_write
 from stapo.train.diagnostics import TokenDiagnostics
 from stapo.core.errors import UserError
 from stapo.core.jsonl import JsonlError, jsonl_records
+from stapo.core.leave import CONTINUE_MARK, EXIT_CONTINUE, Continuation
 from stapo.core.lock import RUN_LOCK, hold
 from stapo.core.manifest import COMPLETE, FINAL_COMPLETE, SNAPSHOT_COMPLETE
 from stapo.tasks.problems import TrainPrompt
@@ -339,7 +340,7 @@ def config_changes(started: dict, now: dict, *, last_step: int = 0) -> list[str]
 def is_run_entry(name: str) -> bool:
     """Whether ``name`` in a run directory is something a run writes (config, logs, checkpoints, final, TensorBoard
     events); --restart moves only these, so a run directory pointed at the wrong place moves nobody else's files."""
-    return (name in (CONFIG, *LOGS, "final", ".final.tmp", "runs")
+    return (name in (CONFIG, *LOGS, "final", ".final.tmp", "runs", CONTINUE_MARK)
             or name.startswith(("checkpoint-", "final.", "snapshot-", ".snapshot-")))
 
 
@@ -475,6 +476,16 @@ def finalize_from_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike) ->
         _publish_final(tmp, out, checkpoint_step(ckpt))
     state.wait_for_everyone()
     return out / "final"
+
+
+def leave_to_continue(out: Path, step: int, signal_name: str, max_steps: int):
+    """The job leaves with checkpoint-<step> complete: rank 0 writes DIR/stapo.continue (what the train rule reads to
+    requeue the job: stapo.train.continuation), and every rank raises :class:`Continuation` (exit status 75)."""
+    if process_state().is_main_process:
+        atomic_write(out / CONTINUE_MARK, json.dumps({"step": step, "signal": signal_name}) + "\n")
+    process_state().wait_for_everyone()
+    raise Continuation(f"{out}: left at step {step} of {max_steps} ({signal_name}): checkpoint-{step} saved; run the "
+                       f"same command again to continue (exit status {EXIT_CONTINUE})")
 
 
 # ------------------------------------------------------------------------- a run that cannot go on

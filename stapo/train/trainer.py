@@ -81,7 +81,8 @@ from stapo.losses.masks import step_thresholds
 from stapo.losses.policy import policy_loss
 from stapo.losses.registry import Thresholds
 from stapo.tasks.rewards import REWARDS
-from stapo.train.continuation import EXIT_CONTINUE, Continuation, LeaveAtRolloutBoundary
+from stapo.core import leave
+from stapo.train.continuation import LeaveAtRolloutBoundary
 from stapo.train.rundir import CheckpointSentinel, latest_complete_checkpoint, process_state
 from stapo.train.step_cost import StepClock, model_flop_params, update_flops
 from stapo.core.schedule import optimizer_steps_per_rollout, per_rollout_schedule, rollout_step
@@ -433,22 +434,20 @@ def _train(plan: Plan, out: Path, restart: bool) -> Path:
     if resume is not None and rundir.checkpoint_step(resume) >= config.max_steps:
         return rundir.finalize_from_checkpoint(resume, out)
     k = optimizer_steps_per_rollout(plan.settings)
-    leave = LeaveAtRolloutBoundary(k)
-    leave.install()  # before the model loads: an early signal is answered at the first rollout boundary
+    leave.record()  # `stapo train` recorded from its start (stapo.cli); a direct call of train() from here on
+    leaving = LeaveAtRolloutBoundary(k)
+    snapshots = rundir.Snapshots(plan.settings, k)
+    callbacks = [rundir.FiniteWeights(plan.settings), MetricsJsonl(out / "metrics.jsonl", k),
+                 CheckpointSentinel(keep=plan.settings.save_total_limit), snapshots, leaving]
+    trainer = build_trainer(plan, out, callbacks=callbacks)
+    snapshots.trainer = trainer
+    if trainer.accelerator.num_processes > 1:
+        leaving.reduce_max = trainer._largest_over_processes
     try:
-        snapshots = rundir.Snapshots(plan.settings, k)
-        callbacks = [rundir.FiniteWeights(plan.settings), MetricsJsonl(out / "metrics.jsonl", k),
-                     CheckpointSentinel(keep=plan.settings.save_total_limit), snapshots, leave]
-        trainer = build_trainer(plan, out, callbacks=callbacks)
-        snapshots.trainer = trainer
-        if trainer.accelerator.num_processes > 1:
-            leave.reduce_max = trainer._largest_over_processes
         with rundir.disk_full_is_one_line(out):
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-            if leave.left_at is not None:
-                raise Continuation(f"{out}: left at step {leave.left_at} of {config.max_steps} ({leave.received}): "
-                                   f"checkpoint-{leave.left_at} saved; run the same command again to continue "
-                                   f"(exit status {EXIT_CONTINUE})")
+            if leaving.left_at is not None:
+                return rundir.leave_to_continue(out, leaving.left_at, leaving.received, config.max_steps)
             return rundir.save_final(trainer, out)
     finally:
         leave.restore()

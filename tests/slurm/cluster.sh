@@ -70,6 +70,9 @@ ClusterName=stapo-test
 SlurmctldHost=$NODE
 SlurmUser=root
 AuthType=auth/munge
+# A requeued job waits cred_expire + 1 s before it may start again (SLURM 22.05; later: SchedulerParameters=
+# requeue_delay): 120 s by default, 10 s here so that a continued run's jobs follow each other quickly
+AuthInfo=cred_expire=10
 StateSaveLocation=$WORK/state
 SlurmdSpoolDir=$WORK/spool/%n
 SlurmctldPidFile=$WORK/slurmctld.pid
@@ -92,6 +95,8 @@ MinJobAge=300
 # An 8-GPU node as clusters have them (the machine itself has no GPU: config_overrides keeps these figures)
 NodeName=$NODE CPUs=64 Boards=1 SocketsPerBoard=2 CoresPerSocket=32 ThreadsPerCore=1 RealMemory=1000000 Gres=gpu:8 State=UNKNOWN
 PartitionName=gpu Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+# A real wall-time limit of 2 minutes: training runs continued over several jobs (tests/test_slurm.py)
+PartitionName=short Nodes=$NODE MaxTime=2 State=UP
 # The paper's topology, 8 nodes of 8 GPUs, in their own partition: 8 more slurmd on this host (slurmd -N, each
 # on its own port), so that sbatch --test-only sees 8 live nodes and a job step can span two of them.
 NodeName=paper[1-8] NodeHostname=$NODE NodeAddr=127.0.0.1 Port=[6901-6908] CPUs=64 Boards=1 SocketsPerBoard=2 CoresPerSocket=32 ThreadsPerCore=1 RealMemory=1000000 Gres=gpu:8 State=UNKNOWN
@@ -125,7 +130,8 @@ fi
 sinfo
 
 # The tests (or, for development, any command: tests/slurm/cluster.sh sleep 3600 keeps the cluster up).
-export STAPO_TEST_SLURM_PARTITION=gpu STAPO_TEST_SLURM_NODE=$NODE STAPO_TEST_SLURM_PAPER_PARTITION=paper8
+export STAPO_TEST_SLURM_PARTITION=gpu STAPO_TEST_SLURM_NODE=$NODE STAPO_TEST_SLURM_PAPER_PARTITION=paper8 \
+  STAPO_TEST_SLURM_SHORT_PARTITION=short
 if [ $# -gt 0 ]; then
   "$@"
 else

@@ -15,6 +15,7 @@ from stapo.core.atomic import atomic_write
 from stapo.study.names import BASE
 from stapo.core import driver as stapo_driver
 from stapo.core import launch as stapo_launch
+from stapo.core import leave as stapo_leave
 from stapo import study as stapo_study  # not `parse` itself: the Snakefile namespace has its own
 
 # The config files that make the study: with --configfile, the first is the study and later ones overlay it
@@ -237,23 +238,24 @@ def prune_checkpoints(wildcards):
 
 
 def requeue_on_leave(wildcards):
-    """Under the SLURM executor: the shell tail that requeues the job when `stapo train` left at a rollout boundary
-    on request (exit status 75, stapo.train.continuation), so the next job of the same id continues the run; any
-    other status stays a failure (the profile's retries). Elsewhere nothing: exit 75 is a failure, rerun to continue."""
+    """Under SLURM: the shell tail that requeues the job when `stapo train` left at a rollout boundary on request
+    (the marker runs/<model>/<run>/stapo.continue, stapo.core.leave; removed before each attempt), so the job of the
+    same id reruns and continues the run; anything else stays a failure (the profile's retries). Elsewhere nothing:
+    the job fails with exit status 75, rerun to continue."""
     if getattr(workflow.executor_plugin, "name", None) != "slurm" and not os.environ.get("SLURM_JOB_ID"):
         return ""
+    mark = shlex.quote(f"runs/{wildcards.model}/{wildcards.run}/{stapo_leave.CONTINUE_MARK}")
     log = shlex.quote(f"logs/train/{wildcards.model}/{wildcards.run}.log")
-    return (' || { rc=$?; if [ "$rc" = 75 ] && [ -n "${SLURM_JOB_ID:-}" ]; then'
+    return (f' || {{ rc=$?; if [ -e {mark} ] && [ -n "${{SLURM_JOB_ID:-}}" ]; then'
             f' echo "stapo: requeueing SLURM job $SLURM_JOB_ID to continue the run" >> {log};'
             ' scontrol requeue "$SLURM_JOB_ID"; fi; exit "$rc"; }')
 
 
 def train_slurm_extra(wildcards):
-    """sbatch flags of a training job: requeueable, and SIGUSR1 workflow.train_leave_before minutes ahead of its
+    """sbatch flags of a training job: requeueable, and SIGUSR1 workflow.train_leave_before seconds ahead of its
     wall-time limit (at most half of it), when it saves a checkpoint at its next rollout boundary and leaves."""
     runtime = model_opt(wildcards.model, "train_runtime")
-    seconds = min(WF.train_leave_before, max(runtime // 2, 1)) * 60
-    return f"--requeue --signal=USR1@{seconds}"
+    return f"--requeue --signal=USR1@{min(WF.train_leave_before, runtime * 30)}"
 
 
 def repo_path(path):

@@ -4,7 +4,7 @@
 # output: Snakemake never deletes it when a job fails or is killed, and the rerun resumes from the last
 # checkpoint (`stapo train` resumes by itself). Run with --rerun-incomplete after a kill.
 #
-# Continuation (stapo.train.continuation): under SLURM a job is asked to leave train_leave_before minutes ahead of its
+# Continuation (stapo.train.continuation): under SLURM a job is asked to leave train_leave_before seconds ahead of its
 # wall-time limit (SIGUSR1); it saves a checkpoint at its next rollout boundary, exits 75 and requeues itself
 # (scontrol requeue: the same job id reruns), as many times as the run needs, without using the profile's retries.
 # Evaluation snapshots (snapshot-N/, weights only) move to snapshots/ (rule snapshot), deleted once evaluated.
@@ -36,7 +36,7 @@ rule train:
     conda:
         "../envs/stapo.yaml"
     shell:
-        "{params.launcher} train --recipe {input.recipe:q} --model {wildcards.model:q}"
+        "rm -f {params.run_dir:q}/stapo.continue && {params.launcher} train --recipe {input.recipe:q} --model {wildcards.model:q}"
         " --method {params.method:q}{params.seed} --out {params.run_dir:q} > {log:q} 2>&1{params.requeue}{params.prune}"
 
 
