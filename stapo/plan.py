@@ -44,6 +44,7 @@ from stapo import stage_model
 from stapo.core.atomic import atomic_write_json
 from stapo.core.errors import UserError
 from stapo.study import Study, load, parse, split_run
+from stapo.study import snapshot_steps as study_snapshot_steps
 from stapo.study.evaluation import Backend
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS
 
@@ -341,6 +342,7 @@ def estimate(jobs: Jobs, study: Study, tp: Throughputs, *, prompt_tokens: float 
             "train_step_seconds": steps,
             "eval_jobs": {k: len(v) for k, v in kinds.items()},
             "eval_gpu_hours": {k: _hours(v) for k, v in kinds.items()},
+            "peak_disk_per_run": {run: peak_disk_bytes(study, model, split_run(run)[0], pb) for run in runs},
         }
     stages = {"train": _hours([v["train_gpu_hours"] * 3600 for v in per_model.values()]),
               "evaluate": _hours([(h * 3600 if h is not None else None) for v in per_model.values()
@@ -358,6 +360,41 @@ def estimate(jobs: Jobs, study: Study, tp: Throughputs, *, prompt_tokens: float 
             "nemo_rl_anchor": dict(zip(("modelled", "published"), stage_model.nemo_check(rates))),
             "throughputs": {**asdict(tp), "on_cpu": tp.on_cpu, "origin": tp.origin, "vllm_rollouts": tp.vllm_rollouts},
             "paper_run_gpu_hours": list(PAPER_RUN_GPU_HOURS), "paper_run_days": list(PAPER_COST["days"])}
+
+
+RESUME_BYTES_PER_PARAM = 12  # a resume checkpoint: fp32 weights (4) + AdamW's two fp32 moments (8)
+FINAL_BYTES_PER_PARAM = 4  # final/: the fp32 master weights
+
+
+def peak_disk_bytes(study: Study, model: str, method: str, params_b: float) -> dict:
+    """Upper bound of one run's disk at its peak (stapo.train.rundir): while a resume checkpoint is written the
+    previous ``save_total_limit`` stay (K + 1 of them), every evaluation snapshot exists until the evaluations that
+    read it run (after training: Snakemake then deletes each), and final/."""
+    settings = study.train_settings(model, method)
+    keep = settings.save_total_limit or -(-settings.max_steps // settings.save_steps)  # null: every save kept
+    snaps = len(study_snapshot_steps(study, model, method))
+    per_param = 2 if settings.bf16 else 4  # the evaluation's dtype
+    parts = {"resume": (keep + 1) * RESUME_BYTES_PER_PARAM, "snapshots": snaps * per_param,
+             "final": FINAL_BYTES_PER_PARAM}
+    return {"bytes": sum(parts.values()) * params_b * 1e9, "resume_kept": keep, "snapshots": snaps,
+            "bytes_per_param": parts}
+
+
+def disk_lines(plan: dict) -> list[str]:
+    """Peak disk per run and for the study (every run at its peak at once: the upper bound)."""
+    lines, total = [], 0.0
+    for model, m in plan["models"].items():
+        peaks = m.get("peak_disk_per_run") or {}
+        total += sum(v["bytes"] for v in peaks.values())
+        if peaks:
+            run, v = max(peaks.items(), key=lambda item: item[1]["bytes"])  # the run that needs the most
+            parts = ", ".join(f"{k} {b} B/param" for k, b in v["bytes_per_param"].items())
+            lines.append(f"peak disk per run, {model}: {v['bytes'] / 1e12:,.2f} TB at most ({run}: "
+                         f"{v['resume_kept']} resume checkpoint(s) + 1 being written, {v['snapshots']} evaluation "
+                         f"snapshots, final; {parts})")
+    if lines:
+        lines.append(f"peak disk of the study, every run at its peak at once: {total / 1e12:,.1f} TB")
+    return lines
 
 
 def _fmt(hours: float | None) -> str:
@@ -433,6 +470,7 @@ def format_plan(plan: dict) -> str:
               "assumptions: " + ", ".join(f"{k} {v}" for k, v in plan["assumptions"].items())]
     lines += wall_days_lines(plan)
     lines += stage_lines(plan)
+    lines += disk_lines(plan)
     tp = plan["throughputs"]
     ref = f"reference {tp['reference_params_b']} B" if tp.get("reference_params_b") else "per model"
     if tp.get("rollout_tokens_per_s") is not None and not tp.get("vllm_rollouts"):

@@ -279,3 +279,19 @@ def test_wall_days_at_the_configured_topology_and_measured_throughputs(tmp_path,
     # rate is not a vLLM one and is not used
     assert plan["rates"]["update_utilization"] == pytest.approx(1800 * 8 * 1.7e9 / 989e12)
     assert "rollout 900 tok/s/GPU was measured with hf generate, not vLLM: not used" in text
+
+
+def test_peak_disk_per_run_and_study(paper):
+    """configs/paper.yaml: one resume checkpoint kept (+ the one being written: 2 x 12 B/param, fp32 weights and
+    AdamW moments), 149 bf16 evaluation snapshots (2 B/param each, until evaluated), final (fp32, 4 B/param)."""
+    jobs, config = paper
+    plan = P.estimate(jobs, config, P.Throughputs(reference_params_b=1.7, eval_tokens_per_s=20_000))
+    for model, m in plan["models"].items():
+        for run, disk in m["peak_disk_per_run"].items():
+            assert disk["resume_kept"] == 1 and disk["snapshots"] == 149, (model, run)
+            assert disk["bytes"] == pytest.approx((2 * 12 + 149 * 2 + 4) * m["params_b"] * 1e9)
+    text = P.format_plan(plan)
+    line = next(t for t in text.splitlines() if t.startswith("peak disk per run, qwen3-14b-base"))
+    assert f"{326 * plan['models']['qwen3-14b-base']['params_b'] / 1e3:,.2f} TB" in line
+    total = sum(d["bytes"] for m in plan["models"].values() for d in m["peak_disk_per_run"].values())
+    assert f"every run at its peak at once: {total / 1e12:,.1f} TB" in text

@@ -296,7 +296,7 @@ def test_a_run_longer_than_the_wall_time_limit_continues_over_jobs_to_the_uninte
     import torch
 
     bin_dir, log = recording_bin(tmp_path)
-    study = continued_study(tmp_path, max_steps=int(os.environ.get("STAPO_TEST_CONTINUED_STEPS", "45")))
+    study = continued_study(tmp_path, max_steps=int(os.environ.get("STAPO_TEST_CONTINUED_STEPS", "10")))
     run = tmp_path / "runs" / "tiny-qwen3" / "stapo"
     t0 = time.monotonic()
     proc = subprocess.run(snakemake_cmd(tmp_path, "--configfile", study, "--jobs", "1", "--retries", "0",
