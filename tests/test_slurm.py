@@ -273,33 +273,37 @@ def test_cancelled_training_job_resumes_to_the_weights_of_an_uninterrupted_run(t
 
 def continued_study(tmp_path: Path, max_steps: int) -> Path:
     """The tiny study's stapo run on 2 training processes (accelerate launch, DDP on CPU ranks), in jobs of at most
-    2 minutes (the short partition's real MaxTime) asked to leave 20 s ahead of it, no periodic checkpoint."""
+    2 minutes (the short partition's real MaxTime) asked to leave 60 s ahead of it (at most half the job), no periodic
+    checkpoint. 8 completions of 8 tokens a step: ~8 s on 2 quiet cores, after ~30 s of start-up (batch script, the
+    job's Snakemake, accelerate launch, model); this SLURM sends the signal up to 30 s early (its periodic check), so
+    a job trains 2-5 rollout steps (measured) and 11 steps take >= 3 jobs."""
     path = tiny_study(tmp_path, methods=["stapo"], max_steps=max_steps, learning_rate=0.05, weight_decay=0.1,
                       warmup_steps=0, save_steps=1000, prompts_per_generation=2, prompts_per_step=2,
-                      num_generations=4, per_device_train_batch_size=2)
+                      num_generations=4, per_device_train_batch_size=4, max_completion_length=8)
     engine = yaml.safe_load((ROOT / "configs" / "accelerate" / "ddp.yaml").read_text())
     engine["mixed_precision"] = "no"
     (tmp_path / "ddp-cpu.yaml").write_text(yaml.safe_dump(engine))
     study = yaml.safe_load(path.read_text())
     study["models"]["tiny-qwen3"].update(gpus=2, accelerate_config=str(tmp_path / "ddp-cpu.yaml"))
-    study["workflow"].update(train_runtime=2, train_leave_before=20, threads=1)
+    study["workflow"].update(train_runtime=2, train_leave_before=60, threads=1)
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     return path
 
 
 @on_cluster
 def test_a_run_longer_than_the_wall_time_limit_continues_over_jobs_to_the_uninterrupted_weights(tmp_path):
-    """A partition whose real MaxTime (2 min) is shorter than the run: each job gets SIGUSR1 20 s ahead of its limit (up to 60 s earlier)
-    (sbatch --signal), saves a checkpoint at its next rollout boundary, exits 75 and requeues itself (scontrol
-    requeue, the same job id); Snakemake waits on the pending job, not counting a failure (--retries 0 here); the
-    run ends after >= 3 jobs with the weights of an uninterrupted run on the same 2 processes.
+    """A partition whose real MaxTime (2 min) is shorter than the run: each job gets SIGUSR1 60 s ahead of its limit
+    (sbatch --signal; this SLURM sends it up to 30 s earlier), saves a checkpoint at its next rollout boundary, exits
+    75 and requeues itself (scontrol requeue, the same job id); Snakemake waits on the pending job, not counting a
+    failure (--retries 0 here); the run ends after >= 3 jobs with the weights of an uninterrupted run on the same 2
+    processes, and each job that left kept its log.
 
-    Measured 2026-12-07 (2 shared cores): 1 submission, 8 jobs, 45 steps, 1,133 s, max|Δθ| = 0; with the reference run
-    23 min, far over test-slurm's budget: to do (shorter completions, fewer steps that still need >= 3 jobs)."""
+    Measured 2026-12-07 on 2 cores shared with two other sessions (load 7): 1 submission, 8 jobs, 11 steps, 731 s,
+    max|Δθ| = 0; the test 834 s with its reference run (with 7 steps: 2 jobs, 188 s; so 11)."""
     import torch
 
     bin_dir, log = recording_bin(tmp_path)
-    study = continued_study(tmp_path, max_steps=int(os.environ.get("STAPO_TEST_CONTINUED_STEPS", "45")))
+    study = continued_study(tmp_path, max_steps=int(os.environ.get("STAPO_TEST_CONTINUED_STEPS", "11")))
     run = tmp_path / "runs" / "tiny-qwen3" / "stapo"
     t0 = time.monotonic()
     proc = subprocess.run(snakemake_cmd(tmp_path, "--configfile", study, "--jobs", "1", "--retries", "0",
@@ -310,21 +314,27 @@ def test_a_run_longer_than_the_wall_time_limit_continues_over_jobs_to_the_uninte
     seconds = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-6000:]
     trains = [c for c in sbatch_calls(log) if "rule_train" in c["job"]]
-    assert len(trains) == 1 and "--signal=USR1@20" in trains[0]["args"] and "--requeue" in trains[0]["args"], trains
+    assert len(trains) == 1 and "--signal=USR1@60" in trains[0]["args"] and "--requeue" in trains[0]["args"], trains
     info = subprocess.run(["scontrol", "show", "job", trains[0]["out"]], capture_output=True, text=True).stdout
     restarts = int(re.search(r"Restarts=(\d+)", info).group(1))  # requeues of the one submitted job
     rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
 
     ref = tmp_path / "uninterrupted"
-    cmd = ["accelerate", "launch", "--config_file", str(tmp_path / "ddp-cpu.yaml"), "--num_processes", "2", "-m",
-           "stapo.cli", "train", "--recipe", str(study), "--model", "tiny-qwen3", "--method", "stapo", "--out", str(ref)]
+    cmd = ["accelerate", "launch", "--config_file", str(tmp_path / "ddp-cpu.yaml"), "--num_processes", "2",
+           "-m", "stapo.cli", "train", "--recipe", str(study), "--model", "tiny-qwen3", "--method", "stapo",
+           "--out", str(ref)]
     subprocess.run(cmd, check=True, env=snakemake_env(bin_dir), capture_output=True, timeout=900)
     resumed, uninterrupted = _weights(run / "final"), _weights(ref / "final")
     delta = max(float((resumed[k].float() - uninterrupted[k].float()).abs().max()) for k in resumed)
     print(f"\ncontinued run: 1 submission, {restarts + 1} jobs (requeued by themselves), "
           f"{len(rows)} steps, {seconds:.0f} s; max|Δθ| vs uninterrupted = {delta:.3g}")
     assert restarts >= 2, info
+    logs = tmp_path / "logs" / "train" / "tiny-qwen3"  # each job that left kept its log as stapo.log.<k>
+    assert sorted(p.name for p in logs.glob("stapo.log.*")) == [f"stapo.log.{k}" for k in range(1, restarts + 1)]
+    for k in range(1, restarts + 1):
+        text = (logs / f"stapo.log.{k}").read_text()
+        assert "received: saving checkpoint-" in text and "requeueing SLURM job" in text, text[-3000:]
     assert delta == 0.0 and all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
@@ -348,7 +358,8 @@ def path_without(tool: str, tmp_path: Path) -> str:
 @on_cluster
 @pytest.mark.parametrize("sacct", ["sacct on PATH (no accounting: it fails)", "no sacct on PATH"])
 def test_failing_job_makes_snakemake_exit_nonzero_within_2_minutes(tmp_path, sacct):
-    """The training command fails in its job (a `stapo` that exits 3, first on the job's PATH); no retries."""
+    """The training command fails in its job (a `stapo` that exits 3, first on the job's PATH); no retries, and no
+    continuation: the job is not requeued."""
     bin_dir, log = recording_bin(tmp_path)
     write_exe(bin_dir / "stapo", "#!/bin/sh\necho 'stapo: failing on purpose' >&2\nexit 3\n")
     path = None if sacct.startswith("sacct") else path_without("sacct", tmp_path)
@@ -367,6 +378,9 @@ def test_failing_job_makes_snakemake_exit_nonzero_within_2_minutes(tmp_path, sac
     calls = sbatch_calls(log)
     assert len(calls) == 1 and "rule_train" in calls[0]["job"] and calls[0]["rc"] == 0, calls
     assert "Error in rule train" in proc.stderr, proc.stderr[-3000:]
+    # a failure writes no stapo.continue: the requeueable training job did not requeue itself (continuations do)
+    info = subprocess.run(["scontrol", "show", "job", calls[0]["out"]], capture_output=True, text=True).stdout
+    assert re.search(r"Restarts=0\b", info), info
 
 
 # Rules that run inside the Snakemake process (`localrule: True`), never submitted; a dry run prints them as `rule`.

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from stapo.core.atomic import atomic_write_json
 
-__all__ = ["COMPLETE", "FINAL_COMPLETE", "SNAPSHOT_COMPLETE", "cut_files", "WEIGHTS", "file_sha256", "digests", "model_files",
-           "write_manifest", "read_manifest", "verify", "problems"]
+__all__ = ["COMPLETE", "FINAL_COMPLETE", "SNAPSHOT_COMPLETE", "cut_files", "WEIGHTS", "file_sha256", "digests",
+           "model_files", "write_manifest", "read_manifest", "verify", "problems"]
 
 COMPLETE = "STAPO_CHECKPOINT_COMPLETE"  # checkpoint manifest, written after every rank has saved
 FINAL_COMPLETE = "STAPO_FINAL_COMPLETE"  # final/ manifest, written into the temporary dir before the rename

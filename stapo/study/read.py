@@ -16,7 +16,7 @@ from stapo.study.evaluation import EvalSection
 from stapo.study.objective import ObjectiveConfig, get_objective
 from stapo.study.schema import SECTIONS, study_schema
 from stapo.study.sections import ModelEntry, Plan, Study, StudyError, WorkflowSection, _checked, check_model_spec
-from stapo.study.train import TrainSettings, accumulation, train_settings
+from stapo.study.train import accumulation, train_settings
 from stapo.tasks.registry import BUNDLED, HUB, benchmark_file
 
 __all__ = ["load", "check_schema", "parse", "read", "resolve_plan", "default", "curve_checkpoints",

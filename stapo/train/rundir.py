@@ -14,7 +14,8 @@ Layout of DIR (``runs/<model>/<method>``):
                         {step, files: {path: bytes}, sha256: {path: digest}} (stapo.core.manifest). Only the newest
                         ``train.save_total_limit`` (default 1) are kept, the older ones deleted once the new one is
                         complete (never before: a kill during a save leaves the previous one). Saved every
-                        ``train.save_steps`` rollout steps and when the job is asked to leave (stapo.train.continuation).
+                        ``train.save_steps`` rollout steps and when the job is asked to leave
+                        (stapo.train.continuation).
     snapshot-<N>/       evaluation snapshot: the weights only, in the dtype the evaluation loads (bf16 when the run
                         trains in bf16, else fp32), safetensors, config and tokenizer, at the rollout steps of
                         ``train.snapshot_steps`` (the workflow's eval_every curve and named checkpoints), with its
@@ -74,8 +75,8 @@ RESUME_ONLY = ("optimizer.pt", "scheduler.pt", "trainer_state.json", "scaler.pt"
 LATER_KEYS = {"train.prompt": TrainPrompt.STRIPPED.value, "train.report_to": "none", "trl.engine": None,
               "trl.normaliser": None}
 # train.* keys that change no weight: a rerun may change them
-BOOKKEEPING = ("save_steps", "save_total_limit", "snapshot_steps", "logging_steps", "diagnostics_every", "diagnostics_examples",
-               "report_to")
+BOOKKEEPING = ("save_steps", "save_total_limit", "snapshot_steps", "logging_steps", "diagnostics_every",
+               "diagnostics_examples", "report_to")
 CONSTANT_LR = ("constant", "constant_with_warmup")
 
 

@@ -241,13 +241,16 @@ def requeue_on_leave(wildcards):
     """Under SLURM: the shell tail that requeues the job when `stapo train` left at a rollout boundary on request
     (the marker runs/<model>/<run>/stapo.continue, stapo.core.leave; removed before each attempt), so the job of the
     same id reruns and continues the run; anything else stays a failure (the profile's retries). Elsewhere nothing:
-    the job fails with exit status 75, rerun to continue."""
+    the job fails with exit status 75, rerun to continue. Snakemake starts each job with an empty log: the log of a
+    job that left is kept as <log>.<k> (k = 1, 2, ...: the first free number)."""
     if getattr(workflow.executor_plugin, "name", None) != "slurm" and not os.environ.get("SLURM_JOB_ID"):
         return ""
     mark = shlex.quote(f"runs/{wildcards.model}/{wildcards.run}/{stapo_leave.CONTINUE_MARK}")
-    log = shlex.quote(f"logs/train/{wildcards.model}/{wildcards.run}.log")
+    log = f"logs/train/{wildcards.model}/{wildcards.run}.log"
+    q = shlex.quote(log)
     return (f' || {{ rc=$?; if [ -e {mark} ] && [ -n "${{SLURM_JOB_ID:-}}" ]; then'
-            f' echo "stapo: requeueing SLURM job $SLURM_JOB_ID to continue the run" >> {log};'
+            f' echo "stapo: requeueing SLURM job $SLURM_JOB_ID to continue the run" >> {q};'
+            f' k=1; while [ -e {q}."$k" ]; do k=$((k + 1)); done; cp {q} {q}."$k";'
             ' scontrol requeue "$SLURM_JOB_ID"; fi; exit "$rc"; }')
 
 

@@ -7,7 +7,8 @@
 # Continuation (stapo.train.continuation): under SLURM a job is asked to leave train_leave_before seconds ahead of its
 # wall-time limit (SIGUSR1); it saves a checkpoint at its next rollout boundary, exits 75 and requeues itself
 # (scontrol requeue: the same job id reruns), as many times as the run needs, without using the profile's retries.
-# Evaluation snapshots (snapshot-N/, weights only) move to snapshots/ (rule snapshot), deleted once evaluated.
+# Evaluation snapshots (snapshot-N/, weights only) move to snapshots/ (rule snapshot), deleted once evaluated. A
+# job that leaves keeps its log as logs/train/<model>/<run>.log.<k> (Snakemake empties the log for the next job).
 
 
 rule train:
