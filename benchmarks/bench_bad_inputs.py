@@ -5,7 +5,7 @@
 The table (CASES) covers ``stapo train | eval | report | plan``, ``snakemake -n`` on the repository's Snakefile
 and ``python -m stapo.vllm_settings``: bad arguments, missing / empty / malformed files (YAML syntax: file and
 line), bad values in every study section, the cross-section rules (checkpoints that will never exist,
-eval_every vs save_steps, a data_dir without the benchmarks, num_generations 1, batch splits), outputs that
+eval_every's curve, a data_dir without the benchmarks, num_generations 1, batch splits), outputs that
 cannot be written, a damaged final/ (a same-size bit flip: the SHA-256 manifest), a corrupt generation cache,
 and outputs another process is writing (one writer per run directory / evaluation output). By default each case
 runs as a process of its own in a scratch directory, as a user starts it; the script prints, per case, exit
@@ -107,9 +107,10 @@ def make_fixtures(work: Path) -> None:
     _study(work, "typo.yaml", _set("stuy", "x"))
     _study(work, "neg_steps.yaml", max_steps=-1)
     _study(work, "one_gen.yaml", num_generations=1, prompts_per_step=2, per_device_train_batch_size=2)
-    _study(work, "eval_every.yaml", _set("workflow.eval_every", 3))  # save_steps 2
-    _study(work, "ckpt3.yaml", _set("workflow.checkpoints", ["final", "checkpoint-3"]))
-    _study(work, "ckpt_deleted.yaml", _set("workflow.checkpoints", ["checkpoint-2"]), max_steps=6, save_total_limit=1)
+    _study(work, "eval_every.yaml", _set("workflow.eval_every", 1), max_steps=5000)  # 4,999 curve points
+    _study(work, "ckpt9.yaml", _set("workflow.checkpoints", ["final", "checkpoint-9"]))  # max_steps 4
+    # 16 completions per rollout step, 8 per optimiser step: k = 2, so checkpoint-3 lies inside a rollout step
+    _study(work, "ckpt_inside.yaml", _set("workflow.checkpoints", ["checkpoint-3"]), prompts_per_generation=4)
     _study(work, "no_data_dir.yaml", _set("eval.data_dir", str(work / "no-such-dir")))
     (work / "empty_data").mkdir(exist_ok=True)
     _study(work, "empty_data_dir.yaml", _set("eval.data_dir", str(work / "empty_data")))
@@ -238,12 +239,12 @@ CASES = [
                                                "{work}/good.yaml", "--out", "{work}/r"), ("models: no 'nope'",)),
     Case("train: unknown method key", "stapo", ("train", "--model", MODEL, "--method", "ppo", "--recipe",
                                                 "{work}/good.yaml", "--out", "{work}/r"), ("methods: no 'ppo'",)),
-    Case("train: eval_every not a multiple of save_steps", "stapo",
-         (*T, "--recipe", "{work}/eval_every.yaml", "--out", "{work}/r"), ("workflow.eval_every", "save_steps")),
-    Case("train: workflow checkpoint never saved", "stapo",
-         (*T, "--recipe", "{work}/ckpt3.yaml", "--out", "{work}/r"), ("workflow.checkpoints: checkpoint-3",)),
-    Case("train: workflow checkpoint deleted by save_total_limit", "stapo",
-         (*T, "--recipe", "{work}/ckpt_deleted.yaml", "--out", "{work}/r"), ("checkpoint-2", "save_total_limit")),
+    Case("train: eval_every puts thousands of points on the curve", "stapo",
+         (*T, "--recipe", "{work}/eval_every.yaml", "--out", "{work}/r"), ("workflow.eval_every (1) puts 4,999",)),
+    Case("train: workflow checkpoint past max_steps", "stapo",
+         (*T, "--recipe", "{work}/ckpt9.yaml", "--out", "{work}/r"), ("workflow.checkpoints: checkpoint-9",)),
+    Case("train: workflow checkpoint inside a rollout step", "stapo",
+         (*T, "--recipe", "{work}/ckpt_inside.yaml", "--out", "{work}/r"), ("checkpoint-3", "k = 2")),
     Case("train: eval.data_dir missing", "stapo", (*T, "--recipe", "{work}/no_data_dir.yaml", "--out", "{work}/r"),
          ("eval.data_dir: directory {work}/no-such-dir not found",)),
     Case("train: eval.data_dir without the benchmarks", "stapo",
@@ -314,10 +315,10 @@ CASES = [
     Case("plan: throughputs file missing", "stapo", ("plan", "--throughputs", "{work}/missing-tp.yaml"),
          ("--throughputs", "{work}/missing-tp.yaml")),
     Case("snakemake -n: unknown key", "snakemake", ("--configfile", "{work}/typo.yaml"), ("stuy: unknown key",)),
-    Case("snakemake -n: eval_every vs save_steps", "snakemake", ("--configfile", "{work}/eval_every.yaml"),
+    Case("snakemake -n: eval_every, thousands of curve points", "snakemake", ("--configfile", "{work}/eval_every.yaml"),
          ("workflow.eval_every",)),
-    Case("snakemake -n: checkpoint never saved", "snakemake", ("--configfile", "{work}/ckpt3.yaml"),
-         ("workflow.checkpoints: checkpoint-3",)),
+    Case("snakemake -n: checkpoint past max_steps", "snakemake", ("--configfile", "{work}/ckpt9.yaml"),
+         ("workflow.checkpoints: checkpoint-9",)),
     Case("snakemake -n: eval.data_dir missing", "snakemake", ("--configfile", "{work}/no_data_dir.yaml"),
          ("eval.data_dir",)),
     Case("snakemake -n: num_generations 1", "snakemake", ("--configfile", "{work}/one_gen.yaml"),

@@ -23,8 +23,9 @@ def _script():
 def test_mini_study_plans_4_methods_x_3_seeds_and_their_curve(tmp_path):
     res = snakemake("-n", "--quiet", "rules", "--configfile", TINY, MINI, "--", "results/table.md", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    # 12 runs; each final on arith at 2 settings + checkpoint-15 at T 1.0 (the accuracy curve) = 36, base 2
-    assert job_counts(res.stdout) == {"train": 12, "evaluate": 12 * 3 + 2, "report": 1}
+    # 12 runs; each final on arith at 2 settings + checkpoint-15 at T 1.0 (the accuracy curve) = 36, base 2; each
+    # run's checkpoint-15 snapshot moved out of its run directory (rule snapshot)
+    assert job_counts(res.stdout) == {"train": 12, "snapshot": 12, "evaluate": 12 * 3 + 2, "report": 1}
 
 
 def test_the_command_runs_the_two_configs_in_its_own_resumable_directory(tmp_path):

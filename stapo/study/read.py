@@ -194,7 +194,9 @@ def snapshot_steps(study: Study, model: str, method: str | None = None) -> list[
 
 def _check_evaluated_checkpoints(study: Study, model: str, method: str | None = None) -> None:
     """Every checkpoint the workflow evaluates (``workflow.checkpoints``, the ``eval_every`` curve) is one the run
-    writes a snapshot of: a rollout boundary (a multiple of k optimiser steps) below train.max_steps."""
+    writes a snapshot of: a rollout boundary (a multiple of k optimiser steps) below train.max_steps; the curve has
+    at most MAX_CURVE_POINTS points."""
+    curve_checkpoints(study, model, method)
     settings = study.train_settings(model, method)
     k = optimizer_steps_per_rollout(settings)
     for ckpt in (c for c in study.workflow.checkpoints if c != "final"):
