@@ -41,6 +41,7 @@ from stapo.core.schedule import optimizer_steps_per_rollout
 import yaml
 
 from stapo import stage_model
+from stapo.core import bounded
 from stapo.core.atomic import atomic_write_json
 from stapo.core.errors import UserError
 from stapo.study import Study, load, parse, split_run
@@ -196,12 +197,12 @@ def load_throughputs(path: str | Path | None = None, *, allow_cpu: bool = False,
     data = {}
     if path is not None:
         path = Path(path)
-        if not path.is_file():
+        if not path.exists():
             raise PlanError(f"--throughputs: {path} not found")
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as err:
-            raise PlanError(f"--throughputs: {path}: not YAML ({str(err).splitlines()[0]})") from None
+            data = bounded.load_yaml(path, what="a throughputs file") or {}
+        except bounded.BadFile as err:
+            raise PlanError(f"--throughputs: {err}") from None
         if not isinstance(data, dict):
             raise PlanError(f"--throughputs: {path}: expected a mapping of throughputs")
         try:

@@ -10,7 +10,8 @@ from pathlib import Path
 import yaml
 
 from stapo.core.fields import check_keys, from_mapping
-from stapo.core.limits import MAX_CURVE_POINTS, MAX_YAML_BYTES, check_tree
+from stapo.core import bounded, limits
+from stapo.core.limits import MAX_CURVE_POINTS, check_tree
 from stapo.core.schedule import optimizer_steps_per_rollout
 from stapo.study.evaluation import EvalSection
 from stapo.study.objective import ObjectiveConfig, get_objective
@@ -30,23 +31,19 @@ _MAX = 160  # characters of an offending value quoted in a message
 
 
 def load(path: str | os.PathLike) -> dict:
-    """The mapping in a YAML file; StudyError for a missing file, a syntax error (file:line:col) or a non-mapping."""
+    """The mapping in a YAML file; StudyError for a missing file, one that is not a regular file or is over
+    MAX_YAML_BYTES, a syntax error (file:line:col), nesting over MAX_DEPTH, a duplicate key or a non-mapping
+    (stapo.core.bounded reads it)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise StudyError(f"{path}: file not found")
-    size = path.stat().st_size
-    if size > MAX_YAML_BYTES:
-        raise StudyError(f"{path}: {size:,} bytes; a study file is at most {MAX_YAML_BYTES:,} (configs/paper.yaml: "
-                         "9 KB)")
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise StudyError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise StudyError(f"{where}: YAML syntax error: {problem}") from None
+        doc = bounded.parse_yaml(bounded.read_text(path, limits.MAX_YAML_BYTES, "a study file (configs/paper.yaml: "
+                                                   "9 KB)"), str(path))
+    except bounded.BadFile as err:
+        raise StudyError(str(err)) from None
+    except OSError as err:
+        raise StudyError(f"{path}: cannot read it ({err.strerror})") from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
