@@ -112,6 +112,13 @@ def _precheck_train(args: argparse.Namespace, held: ExitStack) -> None:
         study.accumulation(plan.settings, world_size())
     except ValueError as err:
         raise study.StudyError(f"{args.recipe}: {err}") from None
+    if "path" in plan.settings.dataset:  # every row checked now, not after the model has loaded (seconds later)
+        from stapo.tasks.problems import DatasetError, read_rows
+
+        try:
+            read_rows(plan.settings.dataset["path"])
+        except DatasetError as err:
+            raise study.StudyError(f"{args.recipe}: train.dataset.path: {err}") from None
     out = Path(args.out)
     try:
         check_creatable_dir(out)

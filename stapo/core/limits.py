@@ -108,12 +108,15 @@ TINY_QWEN3_BOUNDS: dict[str, Bound] = {
     "kv_heads": Bound(128, "key-value heads; Qwen3-14B has 8", minimum=1),
     "intermediate": Bound(32_768, "MLP width; Qwen3-14B's is 17,408", minimum=1),
     "seed": _SEED,
+    "parameters": Bound(2e9, "weights of a random-init test model (the vocabulary's 151,669 embeddings included): "
+                        "2 billion are 8 GB in float32; the paper's smallest model has 1.7 billion"),
 }
 
 
-def check_bound(key: str, value, where: str) -> None:
-    """ValueError naming ``where`` unless ``value`` is a finite number within ``BOUNDS[key]`` (None passes)."""
-    bound = BOUNDS[key]
+def check_bound(key: str, value, where: str, bounds: dict[str, Bound] | None = None) -> None:
+    """ValueError naming ``where`` unless ``value`` is a finite number within ``BOUNDS[key]`` (or ``bounds[key]``;
+    None passes)."""
+    bound = (BOUNDS if bounds is None else bounds)[key]
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return  # types are the schema's / dataclass's to check
     if not math.isfinite(value):

@@ -61,7 +61,10 @@ def _message(err) -> str:
             return str(unknown)
     if "propertyNames" in err.schema_path:  # a key, not a value
         why = err.schema.get("$comment") if err.validator == "pattern" else None
-        message = err.message[:_MAX] + (f" ({why})" if why else "")
+        key = str(err.instance)
+        message = err.message[:_MAX] if len(key) <= 40 else (f"{key[:40]!r}… ({len(key):,} characters) is not a "
+                                                               "valid key")
+        message += f" ({why})" if why else ""
         return f"{path}: {message}" if path else message
     if err.validator == "required":
         return f"{path or 'top level'}: {err.message}"
@@ -163,6 +166,9 @@ def parse(config: dict, *, source: str = "config", required: tuple[str, ...] | N
     if unknown:
         raise StudyError(f"{source}: workflow.models: {unknown[0]!r} is not a key of models "
                          f"({', '.join(study.models)})")
+    for key, entry in study.models.items():  # a bundled model's options, run or not: they are bounded
+        if str(entry.spec).startswith("bundled:"):
+            _checked(source, lambda: check_model_spec(key, entry.spec))
     if check_runs and "train" in config:
         for model in study.run_models:  # a run's settings: its model's and its method's overrides
             _checked(source, lambda: check_model_spec(model, study.models[model].spec))
