@@ -44,7 +44,7 @@ from stapo import stage_model
 from stapo.core import bounded
 from stapo.core.atomic import atomic_write_json
 from stapo.core.errors import UserError
-from stapo.study import Study, load, parse, split_run
+from stapo.study import Study, load_files, parse, split_run
 from stapo.study.evaluation import Backend
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS
 
@@ -169,12 +169,7 @@ def workflow_jobs(configfiles: list[str | Path], snakefile: str | Path = "Snakef
 def resolved_config(files: list[Path]) -> Study:
     """The study as the workflow resolves it: the first file, later ones deep-merged over it (Snakemake's
     ``--configfile`` semantics), parsed by stapo.study."""
-    from snakemake.utils import update_config
-
-    config = load(files[0])
-    for extra in files[1:]:
-        update_config(config, load(extra))
-    return parse(config, source=", ".join(map(str, files)))
+    return parse(load_files(files), source=", ".join(map(str, files)))
 
 
 # ------------------------------------------------------------------------------------------------ throughputs

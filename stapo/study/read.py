@@ -20,8 +20,8 @@ from stapo.study.sections import ModelEntry, Plan, Study, StudyError, WorkflowSe
 from stapo.study.train import TrainSettings, accumulation, train_settings
 from stapo.tasks.registry import BUNDLED, HUB, benchmark_file
 
-__all__ = ["load", "check_schema", "parse", "read", "resolve_plan", "default", "curve_checkpoints",
-           "kept_checkpoints", "TRAIN_SECTIONS"]
+__all__ = ["load", "load_files", "overlay", "check_schema", "parse", "read", "resolve_plan", "default",
+           "curve_checkpoints", "kept_checkpoints", "TRAIN_SECTIONS"]
 
 TRAIN_SECTIONS = ("models", "methods", "train")  # what a `stapo train --recipe` file must hold
 _MAX = 160  # characters of an offending value quoted in a message
@@ -49,6 +49,30 @@ def load(path: str | os.PathLike) -> dict:
     if not isinstance(doc, dict):
         raise StudyError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)}), got {type(doc).__name__}")
     return doc
+
+
+def overlay(base: dict, extra: dict) -> dict:
+    """``extra`` deep-merged into ``base`` (in place, returned), as Snakemake merges a second ``--configfile``:
+    mappings merge key by key, any other value replaces."""
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            overlay(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def load_files(files) -> dict:
+    """The study of ``files``: the first, each later one an overlay (:func:`overlay`), every file read by
+    :func:`load` (bounded: size, nesting, duplicate keys, UTF-8), before anything else sees it. What the workflow's
+    ``--config study_file=FILE`` and ``stapo plan --configfile`` read."""
+    files = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    if not files or not all(isinstance(f, (str, os.PathLike)) and str(f) for f in files):
+        raise StudyError(f"study_file: expected a file or a list of files, got {files!r:.100}")
+    config = load(files[0])
+    for extra in files[1:]:
+        overlay(config, load(extra))
+    return config
 
 
 def _message(err) -> str:

@@ -15,14 +15,39 @@ from stapo.core import driver as stapo_driver
 from stapo.core import launch as stapo_launch
 from stapo import study as stapo_study  # not `parse` itself: the Snakefile namespace has its own
 
-# The config files that make the study: with --configfile, the first is the study and later ones overlay it
-# (Snakefile); without, configs/paper.yaml. Named in every config error.
-SOURCE = "config (" + (", ".join(map(str, workflow.overwrite_configfiles)) or PAPER_STUDY) + ")"
-
-
 def config_error(err):
     """One line on stderr and exit status 1: the bad key, not a schema dump or a traceback."""
     sys.exit(f"stapo config error: {err}")
+
+
+def study_files():
+    """The files of ``--config study_file=FILE`` (or ``[FILE,OVERLAY,...]``), or [] without it."""
+    files = config.get("study_file")
+    if files is None:
+        return []
+    if workflow.overwrite_configfiles:
+        config_error("give the study once: --config study_file=FILE or --configfile FILE, not both")
+    return [files] if isinstance(files, str) else files
+
+
+def load_study_files(files):
+    """``config`` becomes the study of ``files`` (stapo.study.load_files: each raw file read bounded, nesting
+    and duplicate keys refused), with any other ``--config`` key=value over it, as Snakemake would lay them."""
+    overrides = {k: v for k, v in config.items() if k != "study_file"}
+    try:
+        study = stapo_study.load_files(files)
+    except stapo_study.StudyError as err:
+        config_error(err)
+    config.clear()
+    config.update(stapo_study.overlay(study, overrides))
+
+
+# The config files that make the study: --config study_file=... (read here), else --configfile's (the first is the
+# study, later ones overlay it: Snakefile), else configs/paper.yaml. Named in every config error.
+STUDY_FILES = study_files()
+if STUDY_FILES:
+    load_study_files(STUDY_FILES)
+SOURCE = "config (" + (", ".join(map(str, STUDY_FILES or workflow.overwrite_configfiles)) or PAPER_STUDY) + ")"
 
 
 def check_profile_variables():
