@@ -28,8 +28,9 @@ rule train:
         runtime=lambda wildcards: model_opt(wildcards.model, "train_runtime"),
     conda:
         "../envs/stapo.yaml"
+    # set -C (noclobber): the log is created anew (Snakemake removed the old one), never written through a link
     shell:
-        "{params.launcher} train --recipe {input.recipe:q} --model {wildcards.model:q}"
+        "set -C; {params.launcher} train --recipe {input.recipe:q} --model {wildcards.model:q}"
         " --method {params.method:q}{params.seed} --out {params.run_dir:q} > {log:q} 2>&1{params.prune}"
 
 
