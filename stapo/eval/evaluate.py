@@ -172,9 +172,9 @@ def _check_benchmark_data(cfg: EvalConfig) -> None:
         return
     if cfg.file is None and not path.parent.is_dir():
         raise EvalInputError(f"eval.data_dir / --data-dir: directory {path.parent} not found")
-    if not path.is_file():
+    if not path.exists():
         raise EvalInputError(f"benchmark {cfg.benchmark!r}: {path} not found")
-    try:
+    try:  # stapo.core.bounded refuses a directory, device or FIFO, naming it
         read_benchmark_file(path)
     except ValueError as err:
         raise EvalInputError(str(err)) from None

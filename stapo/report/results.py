@@ -168,8 +168,8 @@ def _read_summary(path: Path, model: str, method: str, ckpt: str, benchmark: str
         ci = (s.get("ci95") if corrected is None else s.get("ci95_corrected")) or (acc, acc)
         lo, hi = (_percent({"ci95": v}, "ci95", path) for v in ci)
     except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
-        if isinstance(e, DamagedScores):
-            raise
+        if isinstance(e, (DamagedScores, bounded.BadFile)):  # each names the file already
+            raise DamagedScores(str(e)) from None
         raise DamagedScores(f"{path}: not a score summary (need avg_at_n and ci95): {e}") from None
     verifier = (s.get("verifier") or {}).get("model") if corrected is not None else None
     generation = s.get("generation") or {}
