@@ -1,6 +1,8 @@
-"""Bounds on every input that sizes work: each number a study or a command line sets, and the YAML a study is read
-from. One declaration per bound, with its reason; the study schema (stapo.study.study_schema), the ``train``
-section (stapo.study.train), ``stapo train`` and ``stapo eval`` read them from here.
+"""Bounds on every input that sizes work: each number a study or a command line sets, the YAML a study is read from,
+and every file the harness reads (caps read by stapo.core.bounded at call time: a test lowers them), the keys that
+name directories and the sizes of a bundled test model. One declaration per bound, with its reason; the study schema
+(stapo.study.study_schema), the ``train`` section (stapo.study.train), ``stapo train`` and ``stapo eval`` read them
+from here.
 
 A bound is far above anything the paper or a plausible extension needs (the paper: 3,000 rollout steps, avg@32,
 20,480 new tokens); it exists so that a typo (``max_steps: 10**12``) or a hostile file is refused in one line,
