@@ -58,8 +58,8 @@ demo: $(STAMP)
 	  "~12 min on 2 quiet cores, 5.4 GB of disk at the peak, 2.1 GB left. Follow a job: tail -f logs/train/smollm2-135m/grpo.log" \
 	  "(or logs/eval/...); Snakemake reports each finished job here."
 	@start=$$(date +%s) && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
-	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores all --rerun-incomplete --configfile configs/tiny.yaml \
-	  $(if $(DATA_DIR),--config 'eval={data_dir: $(if $(filter bundled hub,$(DATA_DIR)),$(DATA_DIR),$(abspath $(DATA_DIR)))}') \
+	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores all --rerun-incomplete --config study_file=configs/tiny.yaml \
+	  $(if $(DATA_DIR),'eval={data_dir: $(if $(filter bundled hub,$(DATA_DIR)),$(DATA_DIR),$(abspath $(DATA_DIR)))}') \
 	  -- results/table.md && \
 	  echo "make demo: done in $$(( ($$(date +%s) - start + 30) / 60 )) min ($$(du -sch runs scores | tail -1 | cut -f1) in runs/ and scores/)." \
 	  "The table: $(CURDIR)/results/table.md; figures: $(CURDIR)/results/figures.md"

@@ -16,9 +16,24 @@ transformers, TRL, accelerate, datasets, lm-eval, vLLM: none may be) and the pro
 tests/test_bad_inputs.py runs that batch (one process for ~75 cases) and the snakemake cases, with a generous time
 bound (the machine is shared), and asserts the rest.
 
-Not covered, because Snakemake reads ``--configfile`` files itself before the Snakefile runs: an empty file or
-a YAML syntax error passed to ``snakemake --configfile`` gets Snakemake's own two-line WorkflowError, which
-names neither file nor line; ``stapo plan --configfile FILE`` (or ``stapo train --recipe FILE``) names both.
+Issue 41 (run integrity IV) added 47 cases (``HOSTILE``): a symbolic link planted at every file a training run, an
+evaluation and a report write (each pointing into a canary tree beside the scratch directory, whose checksums must
+not change: ``canary``/``checksums``; tests/test_integrity.py plants one at every name a real run leaves), single-
+and several-seed score cells damaged after their summary (cut, edited digest, deleted, NaN, 500, /dev/zero,
+100,000 levels deep, fewer problems than the study asks, a seed missing), runs and evaluations a live process
+holds, configs nested 600 deep or with a duplicate key, keys with a trailing newline or of 300 / 10,000 characters,
+impossible bundled models, data rows checked before the model loads, ``--out`` that cannot be created, benchmark
+lines over the line cap (the cap lowered for the case: ``Case.caps``), of 100,000 digits or 100,000 levels, a
+benchmark linked to /dev/zero, and the study handed to Snakemake by ``--config study_file=FILE`` (read by stapo's
+bounded reader before Snakemake sees it). Still not covered: ``snakemake --configfile FILE``, which Snakemake reads
+itself before the Snakefile runs (an empty file or a YAML syntax error gets its own two-line WorkflowError); the
+documented ``--config study_file=FILE`` names both file and line.
+
+Figures (2026-12-07, the 2-core VM shared with two other sessions), default command, 129 cases: 129/129 one line
+naming the culprit, rc != 0, no traceback; the canary tree unchanged; every stapo case 0.10-1.04 s at <= 71 MB
+peak RSS, the 14 snakemake -n cases 1.37-2.03 s at <= 174 MB; total 59.6 s. The 47 of issue 41: 47/47, stapo cases
+0.20-1.04 s at <= 71 MB, its 6 snakemake cases 1.37-1.64 s; 24.5 s. ``--in-process``: 115 cases in one process,
+peak 99 MB, 3.0-3.4 s of calls.
 
 Figures (2026-12-07, the 2-core VM, load ~2), ``--in-process``: 74/74 stapo and vllm_settings cases one line, rc
 != 0, no traceback, no heavy import (the corrupt generation cache and the damaged final/ used to import lm-eval
@@ -71,6 +86,7 @@ class Case:
     expect: tuple
     needs_model: bool = False
     bounded: bool = False  # an input that once sized unbounded work: refused within MAX_PEAK_MB, writing nothing
+    caps: tuple = ()  # (name, value) of stapo.core.limits lowered for the case, so that no case reads gigabytes
 
 
 def _study(work: Path, name: str, edit=None, **train) -> str:
@@ -125,6 +141,7 @@ def make_fixtures(work: Path) -> None:
     (work / "no_weights").mkdir(exist_ok=True)
     (work / "no_weights" / "config.json").write_text('{"model_type": "qwen3"}')
     _bounded_fixtures(work)
+    _hostile_fixtures(work)
     (work / "cache").mkdir(exist_ok=True)
     (work / "cache" / "o.jsonl.cache.sqlite").write_bytes(b"not a database" * 100)
     _damaged_final(work / "run")
@@ -160,9 +177,116 @@ def _bounded_fixtures(work: Path) -> None:
     _damaged_scores(work / "mid_line_scores", "mid-line")
 
 
+def canary(work: Path) -> Path:
+    """A tree outside the scratch directory that every planted link points into: no case may change it."""
+    return work.parent / f"{work.name}-canary"
+
+
+def checksums(tree: Path) -> dict[str, str]:
+    """{relative path: SHA-256} of every file under ``tree``."""
+    import hashlib
+
+    return {str(p.relative_to(tree)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(tree.rglob("*")) if p.is_file()}
+
+
+def _plant(path: Path, target: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    path.symlink_to(target)
+
+
+TRAIN_LINKS = ("stapo.lock", "metrics.jsonl", "config.yaml", "diagnostics.jsonl", "final")
+EVAL_LINKS = ("aime24.jsonl.lock", "aime24.summary.json", "aime24.jsonl.cache.sqlite", "aime24.jsonl")
+REPORT_LINKS = ("table.md", "scores.csv", "cost.md")
+
+
+def _hostile_fixtures(work: Path) -> None:
+    """Inputs of issue 41 (run integrity IV): planted links, damaged single- and several-seed cells, unbounded or
+    deep files, keys with a trailing newline, impossible bundled models, late errors."""
+    tree = canary(work)
+    (tree / "sub").mkdir(parents=True, exist_ok=True)
+    (tree / "v").write_text("keep\n")
+    (tree / "sub" / "w.jsonl").write_text('{"step": 1}\n')
+    for name in TRAIN_LINKS:
+        _plant(work / "links" / "train" / name.replace(".", "_") / name, tree / ("sub" if name == "final" else "v"))
+    for name in EVAL_LINKS:
+        _plant(work / "links" / "eval" / name.replace(".", "_") / name, tree / "v")
+    for name in REPORT_LINKS:
+        _plant(work / "links" / "report" / name.replace(".", "_") / name, tree / "v")
+    (work / "empty_scores").mkdir(exist_ok=True)
+    text = (work / "good.yaml").read_text(encoding="utf-8")
+    (work / "deep.yaml").write_text(text + "x: " + "[" * 600 + "]" * 600 + "\n")  # 2 KB of nesting
+    (work / "dup_key.yaml").write_text(text.replace("train:\n", "train:\n  max_steps: 3\n", 1))
+    (work / "seeds.yaml").write_text(text.replace("workflow:\n", "workflow:\n  seeds: [" + ", ".join(
+        map(str, range(200_000))) + "]\n", 1))  # 1.3 MB: over the 1 MiB a study may hold
+    _study(work, "newline_key.yaml", lambda c: c["methods"].update({"grpo\n": {"objective": "grpo"}}))
+    _study(work, "long_key.yaml", lambda c: c["methods"].update({"m" * 300: {"objective": "grpo"}}))
+    _study(work, "long_model.yaml", lambda c: c["models"].update({"m" * 10_000: c["models"][MODEL]}))
+    _study(work, "heads0.yaml", _set(f"models.{MODEL}.spec", "bundled:tiny-qwen3?heads=0"))
+    _study(work, "hidden1e7.yaml", _set(f"models.{MODEL}.spec", "bundled:tiny-qwen3?hidden=10000000"))
+    (work / "rows").mkdir(exist_ok=True)
+    (work / "rows" / "no_answer.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?"}\n')
+    _study(work, "no_answer_rows.yaml", _set("train.dataset", {"path": str(work / "rows" / "no_answer.jsonl")}))
+    for name, line in (("long_line", '{"id": "a", "problem": "' + "x" * 3_000_000 + '", "answer": "2"}'),
+                       ("digits", '{"id": "a", "problem": "p", "answer": ' + "9" * 100_000 + "}"),
+                       ("deep_row", '{"id": "a", "problem": ' + "[" * 100_000 + "]" * 100_000 + ', "answer": "2"}')):
+        (work / name).mkdir(exist_ok=True)
+        (work / name / "aime24.jsonl").write_text(line + "\n")
+    (work / "zero_rows").mkdir(exist_ok=True)
+    _plant(work / "zero_rows" / "aime24.jsonl", Path("/dev/zero"))
+    _hostile_scores(work)
+
+
+def _hostile_scores(work: Path) -> None:
+    """Single-seed cells damaged after their summary was written, and scores/runs pointed at /dev/zero."""
+    from stapo.eval.scoring import samples_file_digest, summary_of
+
+    damages = ("cut", "digest", "deleted", "nan", "500", "dev_zero", "deep", "problems")
+    for damage in damages:
+        path = work / "cells" / damage / "m" / "stapo" / "final" / "arith" / "t1.0_p1.0.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = "".join(json.dumps({"problem_id": f"p{p}", "sample": 0, "correct": p % 2 == 0}) + "\n"
+                       for p in range(12)).encode()
+        path.write_bytes(data)
+        summary = {"avg_at_n": 50.0, "ci95": [20.0, 80.0], "n_samples": 1, "problems": 12, "samples": 12,
+                   "samples_file": samples_file_digest(data)}
+        if damage in ("nan", "500"):
+            summary["avg_at_n"] = {"nan": float("nan"), "500": 500.0}[damage]
+        if damage == "digest":
+            summary["samples_file"]["sha256"] = "0" * 64
+        text = json.dumps(summary)
+        if damage == "deep":
+            text = text[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+        summary_of(path).unlink(missing_ok=True)
+        if damage == "dev_zero":
+            summary_of(path).symlink_to("/dev/zero")
+        else:
+            summary_of(path).write_text(text)
+        if damage == "cut":
+            path.write_bytes(b"".join(data.splitlines(keepends=True)[:5]))
+        elif damage == "deleted":
+            path.unlink()
+    study = yaml.safe_load((work / "good.yaml").read_text(encoding="utf-8"))
+    study["eval"]["benchmarks"] = {"arith": {"samples": 1, "n": 48, "limit": 48}}  # 48 asked, the cell holds 12
+    (work / "arith48.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
+    _damaged_scores(work / "deleted_seed_scores", "deleted")
+    metrics = work / "zero_runs" / "m" / "stapo" / "metrics.jsonl"
+    _plant(metrics, Path("/dev/zero"))
+    (work / "live_runs" / "m" / "stapo").mkdir(parents=True, exist_ok=True)
+    (work / "live_runs" / "m" / "stapo" / "metrics.jsonl").write_text('{"step": 1}\n')
+    live = work / "live_scores" / "m" / "stapo" / "final" / "arith" / "t1.0_p1.0.jsonl"
+    live.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(work / "cells" / "problems" / "m" / "stapo" / "final" / "arith" / "t1.0_p1.0.jsonl", live)
+    shutil.copyfile(summary_of(work / "cells" / "problems" / "m" / "stapo" / "final" / "arith" / "t1.0_p1.0.jsonl"),
+                    summary_of(live))
+
+
 def _damaged_scores(scores: Path, damage: str) -> None:
     """A three-seed cell whose seed1 per-sample file was damaged after its summary was written: ``short`` cuts it to
-    half its lines, ``mid-line`` cuts its last line mid-way (and its summary predates the checksum)."""
+    half its lines, ``mid-line`` cuts its last line mid-way (and its summary predates the checksum), ``deleted``
+    removes it."""
     from stapo.eval.scoring import samples_file_digest, summary_of
 
     for seed in range(3):
@@ -175,7 +299,9 @@ def _damaged_scores(scores: Path, damage: str) -> None:
         if not (seed == 1 and damage == "mid-line"):
             summary["samples_file"] = samples_file_digest(data)
         summary_of(path).write_text(json.dumps(summary))
-        if seed == 1:
+        if seed == 1 and damage == "deleted":
+            path.unlink()
+        elif seed == 1:
             path.write_bytes(b"".join(data.splitlines(keepends=True)[:6]) if damage == "short" else data[:-10])
 
 
@@ -214,6 +340,101 @@ def hold_in_background(fn: str, path: Path) -> subprocess.Popen:
 T = ("train", "--model", MODEL, "--method", METHOD)
 E = ("eval", "--model", "bundled:tiny-qwen3", "--benchmark", "aime24", "--setting", "t1.0_p1.0", "--backend", "hf")
 OUT = ("--out", "{work}/o/aime24.jsonl")
+
+R = ("report", "--scores")
+BOUNDED_OUT = ("--out", "{work}/bounded")
+LINK = "is a symbolic link"
+# issue 41 (run integrity IV): each a clean one-line refusal, none of them changing the canary tree outside {work}
+HOSTILE = [
+    *[Case(f"train: planted link {name}", "stapo", (*T, "--recipe", "{work}/good.yaml", "--out",
+                                                   f"{{work}}/links/train/{name.replace('.', '_')}"),
+           (f"{{work}}/links/train/{name.replace('.', '_')}/{name} {LINK}",)) for name in TRAIN_LINKS],
+    *[Case(f"eval: planted link {name}", "stapo", (*E, "--out",
+                                                  f"{{work}}/links/eval/{name.replace('.', '_')}/aime24.jsonl"),
+           (f"{{work}}/links/eval/{name.replace('.', '_')}/{name} {LINK}",)) for name in EVAL_LINKS],
+    *[Case(f"report: planted link {name}", "stapo", (*R, "{work}/empty_scores", "--runs", "{work}/empty_scores",
+                                                    "--out", f"{{work}}/links/report/{name.replace('.', '_')}"),
+           (f"{{work}}/links/report/{name.replace('.', '_')}/{name} {LINK}",)) for name in REPORT_LINKS],
+    *[Case(f"report: single-seed cell {what}", "stapo", (*R, f"{{work}}/cells/{damage}", *BOUNDED_OUT), expect,
+           bounded=True) for damage, what, expect in (
+        ("cut", "cut to 5 of 12 lines", ("{work}/cells/cut/m/stapo/final/arith/t1.0_p1.0.jsonl: 5 lines",
+                                         "recorded 12 lines")),
+        ("digest", "with an edited digest", ("{work}/cells/digest/m/stapo/final/arith/t1.0_p1.0.jsonl: 12 lines",
+                                             "000000000000")),
+        ("deleted", "without its samples file", ("{work}/cells/deleted/m/stapo/final/arith/t1.0_p1.0.jsonl: "
+                                                 "missing",)),
+        ("nan", "avg_at_n NaN", ("t1.0_p1.0.summary.json: avg_at_n is nan, not a percentage",)),
+        ("500", "avg_at_n 500", ("t1.0_p1.0.summary.json: avg_at_n is 500.0, not a percentage",)),
+        ("dev_zero", "summary linked to /dev/zero", ("t1.0_p1.0.summary.json: is a character device",)),
+        ("deep", "summary nested 100,000 deep", ("t1.0_p1.0.summary.json: nested more than 64 levels",)))],
+    Case("report: a cell with fewer problems than the study asks", "stapo",
+         (*R, "{work}/cells/problems", "--config", "{work}/arith48.yaml", *BOUNDED_OUT),
+         ("t1.0_p1.0.summary.json: 12 problems", "asks for 48"), bounded=True),
+    Case("report: several-seed cell missing a seed's samples", "stapo", (*R, "{work}/deleted_seed_scores",
+                                                                       *BOUNDED_OUT),
+         ("{work}/deleted_seed_scores/m/stapo/seed1/final/arith/t1.0_p1.0.jsonl: missing (1 of the cell's 3 seeds)",),
+         bounded=True),
+    Case("report: metrics.jsonl linked to /dev/zero", "stapo", (*R, "{work}/empty_scores", "--runs",
+                                                               "{work}/zero_runs", *BOUNDED_OUT),
+         ("{work}/zero_runs/m/stapo/metrics.jsonl: is a character device",), bounded=True),
+    Case("report: a run a live trainer holds", "stapo", (*R, "{work}/empty_scores", "--runs", "{work}/live_runs",
+                                                        *BOUNDED_OUT),
+         ("{work}/live_runs/m/stapo: still being trained (PID",), bounded=True),
+    Case("report: an evaluation a live writer holds", "stapo", (*R, "{work}/live_scores", *BOUNDED_OUT),
+         ("live_scores/m/stapo/final/arith/t1.0_p1.0.jsonl: its evaluation is still running (PID",), bounded=True),
+    *[Case(what, "stapo", args, expect, bounded=True) for what, args, expect in (
+        ("train: config nested 600 deep", (*T, "--recipe", "{work}/deep.yaml", "--out", "{work}/bounded"),
+         ("{work}/deep.yaml:", "nested more than 64 levels deep")),
+        ("plan: config nested 600 deep", ("plan", "--configfile", "{work}/deep.yaml"), ("{work}/deep.yaml:",
+                                                                                        "nested more than 64")),
+        ("eval: recipe nested 600 deep", (*E, "--out", "{work}/bounded/o.jsonl", "--recipe", "{work}/deep.yaml"),
+         ("{work}/deep.yaml:", "nested more than 64")),
+        ("report: config nested 600 deep", (*R, "{work}/empty_scores", "--config", "{work}/deep.yaml",
+                                            *BOUNDED_OUT), ("{work}/deep.yaml:", "nested more than 64")),
+        ("train: duplicate YAML key", (*T, "--recipe", "{work}/dup_key.yaml", "--out", "{work}/bounded"),
+         ("{work}/dup_key.yaml:", "duplicate key 'max_steps'")),
+        ("plan: 200,000 seeds (1.3 MB)", ("plan", "--configfile", "{work}/seeds.yaml"),
+         ("{work}/seeds.yaml: larger than 1 MiB",)),
+        ("plan: method key with a trailing newline", ("plan", "--configfile", "{work}/newline_key.yaml"),
+         ("methods: 'grpo\\n' does not match",)),
+        ("plan: a 300-character method key", ("plan", "--configfile", "{work}/long_key.yaml"),
+         ("methods: 'mmmm", "(300 characters) is not a valid key")),
+        ("plan: bundled:tiny-qwen3?heads=0", ("plan", "--configfile", "{work}/heads0.yaml"),
+         ("models.tiny-qwen3.spec", "heads: must be in [1, 128]")),
+        ("plan: bundled:tiny-qwen3?hidden=10000000", ("plan", "--configfile", "{work}/hidden1e7.yaml"),
+         ("models.tiny-qwen3.spec", "hidden: must be in [1, 8,192]")),
+        ("train: a data row without answer, before the model loads", (*T, "--recipe", "{work}/no_answer_rows.yaml",
+                                                                      "--out", "{work}/bounded"),
+         ("train.dataset.path", "{work}/rows/no_answer.jsonl:2: missing field 'answer'")),
+        ("train: --out a 300-character name", (*T, "--recipe", "{work}/good.yaml", "--out", "{work}/" + "x" * 300),
+         ("--out: cannot create", "File name too long")),
+        ("train: --out under /proc", (*T, "--recipe", "{work}/good.yaml", "--out", "/proc/stapo-out"),
+         ("--out", "/proc/stapo-out")),
+        ("eval: a benchmark line over the line cap", (*E, "--out", "{work}/bounded/o.jsonl", "--data-dir",
+                                                      "{work}/long_line"),
+         ("{work}/long_line/aime24.jsonl:1: a line of 3,000,0", "at most 1,048,576")),
+        ("eval: a 100,000-digit number in a benchmark", (*E, "--out", "{work}/bounded/o.jsonl", "--data-dir",
+                                                         "{work}/digits"),
+         ("{work}/digits/aime24.jsonl:1: invalid JSON", "4300 digits")),
+        ("eval: a benchmark row nested 100,000 deep", (*E, "--out", "{work}/bounded/o.jsonl", "--data-dir",
+                                                       "{work}/deep_row"),
+         ("{work}/deep_row/aime24.jsonl:1: nested more than 64",)),
+        ("eval: a benchmark file linked to /dev/zero", (*E, "--out", "{work}/bounded/o.jsonl", "--data-dir",
+                                                        "{work}/zero_rows"),
+         ("{work}/zero_rows/aime24.jsonl: is a character device",)),
+    )],
+    *[Case(f"snakemake -n: study_file {what}", "snakemake", ("--config", f"study_file={name}"), expect,
+           bounded=True) for what, name, expect in (
+        ("not UTF-8", "{work}/latin1.yaml", ("{work}/latin1.yaml: not UTF-8 text",)),
+        ("nested 600 deep", "{work}/deep.yaml", ("{work}/deep.yaml:", "nested more than 64")),
+        ("with a duplicate key", "{work}/dup_key.yaml", ("{work}/dup_key.yaml:", "duplicate key 'max_steps'")),
+        ("of 200,000 seeds", "{work}/seeds.yaml", ("{work}/seeds.yaml: larger than 1 MiB",)),
+        ("with a 10,000-character model key", "{work}/long_model.yaml", ("(10,000 characters) is not a valid key",)),
+        ("and its overlay with a newline key", "[{work}/good.yaml,{work}/newline_key.yaml]",
+         ("methods: 'grpo\\n' does not match",)))],
+]
+LOWER_CAPS = {"eval: a benchmark line over the line cap": (("MAX_LINE_BYTES", 1 << 20),)}
+HOSTILE = [Case(**{**c.__dict__, "caps": LOWER_CAPS.get(c.name, ())}) for c in HOSTILE]
 
 CASES = [
     Case("stapo: no subcommand", "stapo", (), ("arguments are required",)),
@@ -369,6 +590,7 @@ CASES = [
                                                  "{work}/bounded"),
          ("seed1/final/arith/t1.0_p1.0.jsonl:12: not a JSON record",)),
     )],
+    *HOSTILE,
     Case("vllm_settings: no command", "vllm_settings", (), ("arguments are required",)),
     Case("vllm_settings: unknown device", "vllm_settings", ("check", "--device", "tpu"), ("invalid choice: 'tpu'",)),
 ]
@@ -376,6 +598,10 @@ CASES = [
 
 def command(case: Case, work: Path) -> list[str]:
     args = [a.format(work=work) for a in case.args]
+    if case.entry == "stapo" and case.caps:  # the console script, with stapo.core.limits lowered first
+        lower = "; ".join(f"limits.{name} = {value!r}" for name, value in case.caps)
+        return [sys.executable, "-c", f"import sys; from stapo.core import limits; {lower}; from stapo.cli import "
+                "main; sys.exit(main())", *args]
     if case.entry == "stapo":
         return [str(BIN / "stapo"), *args]
     if case.entry == "snakemake":
@@ -448,9 +674,14 @@ def run_in_process(case: Case, work: Path) -> dict:
     import resource
     import tempfile
 
+    from stapo.core import limits
+
     _prepare(case, work)
     main = _entry_main(case.entry)
     before = {m.split(".")[0] for m in sys.modules}
+    saved_caps = {name: getattr(limits, name) for name, _ in case.caps}
+    for name, value in case.caps:
+        setattr(limits, name, value)
     args = [a.format(work=work) for a in case.args]
     saved = os.dup(1), os.dup(2)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
@@ -466,6 +697,8 @@ def run_in_process(case: Case, work: Path) -> dict:
             py_out.flush(), py_err.flush()
             os.dup2(saved[0], 1), os.dup2(saved[1], 2)
             os.close(saved[0]), os.close(saved[1])
+            for name, value in saved_caps.items():
+                setattr(limits, name, value)
         texts = []
         for f in (out, err):
             f.seek(0)
@@ -522,8 +755,11 @@ class Holders:
     """The background processes that hold the locks of the 'in use' cases."""
 
     def __init__(self, work: Path):
+        live = work / "live_scores" / "m" / "stapo" / "final" / "arith" / "t1.0_p1.0.jsonl"
         self.procs = [hold_in_background("run_lock", work / "busy"),
-                      hold_in_background("output_lock", work / "busy_eval" / "aime24.jsonl")]
+                      hold_in_background("output_lock", work / "busy_eval" / "aime24.jsonl"),
+                      hold_in_background("run_lock", work / "live_runs" / "m" / "stapo"),
+                      hold_in_background("output_lock", live)]
 
     def close(self) -> None:
         for proc in self.procs:
@@ -550,6 +786,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.names:  # run_batch's caller made the fixtures (and holds the locks)
         make_fixtures(work)
         holders = Holders(work)
+    before = checksums(canary(work))
     try:
         if args.in_process:
             os.chdir(REPO)
@@ -562,7 +799,9 @@ def main(argv: list[str] | None = None) -> int:
             holders.close()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    return _print_table(results)
+    after = checksums(canary(work))
+    print(f"canary tree outside {work}: {len(before)} files, " + ("unchanged" if after == before else "CHANGED"))
+    return _print_table(results) or int(after != before)
 
 
 def _print_table(results: list[dict]) -> int:

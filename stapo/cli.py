@@ -20,8 +20,8 @@ from pathlib import Path
 from stapo.core import driver
 
 from stapo import study
-from stapo.core.atomic import check_creatable_dir
 from stapo.core import leave
+from stapo.core.atomic import check_creatable_dir, refuse_links
 from stapo.core.errors import ArgumentParser, UserError
 
 # subcommand -> (module, one-line help); each module exposes run(args) -> int, and add_arguments(parser) except
@@ -117,15 +117,26 @@ def _precheck_train(args: argparse.Namespace, held: ExitStack) -> None:
         study.accumulation(plan.settings, world_size())
     except ValueError as err:
         raise study.StudyError(f"{args.recipe}: {err}") from None
+    if "path" in plan.settings.dataset:  # every row checked now, not after the model has loaded (seconds later)
+        from stapo.tasks.problems import DatasetError, read_rows
+
+        try:
+            read_rows(plan.settings.dataset["path"])
+        except DatasetError as err:
+            raise study.StudyError(f"{args.recipe}: train.dataset.path: {err}") from None
     out = Path(args.out)
     try:
         check_creatable_dir(out)
-    except OSError as err:
-        raise UserError(f"--out: {err}") from None
+        if is_rank_zero():
+            out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a name too long, a read-only or virtual file system (/proc) ...
+        why = str(err) if err.strerror is None else f"cannot create {out} ({err.strerror})"
+        raise UserError(f"--out: {why}") from None
     if is_rank_zero():
         from stapo.core.lock import run_lock
 
-        out.mkdir(parents=True, exist_ok=True)
+        # a run directory holds no symbolic links: any of its files, planted as one, would redirect a write
+        refuse_links(sorted(out.iterdir()))
         held.enter_context(run_lock(out))
 
 

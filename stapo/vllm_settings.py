@@ -28,6 +28,7 @@ import logging
 import os
 import sys
 import sysconfig
+from stapo.core.atomic import atomic_write
 from stapo.core.fields import check_keys
 from pathlib import Path
 
@@ -263,9 +264,9 @@ def write_dist_shim(site_packages: str | os.PathLike | None = None, base: str = 
                          f"Summary: metadata shim: the vllm module is provided by {base} {version}\n",
              "INSTALLER": "stapo\n"}
     for name, text in files.items():
-        (dist / name).write_text(text, encoding="utf-8")
+        atomic_write(dist / name, text, inside=dist)
     record = "".join(f"{dist.name}/{name},,\n" for name in [*files, "RECORD"])
-    (dist / "RECORD").write_text(record, encoding="utf-8")
+    atomic_write(dist / "RECORD", record, inside=dist)
     return dist
 
 

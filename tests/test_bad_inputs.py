@@ -32,14 +32,25 @@ def work(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def batch(work) -> dict[str, dict]:
+def canary_before(work) -> dict[str, str]:
+    """The checksums of the tree outside the scratch directory that the planted links point into, before any
+    case has run."""
+    return bad.checksums(bad.canary(work))
+
+
+@pytest.fixture(scope="module")
+def batch(work, canary_before) -> dict[str, dict]:
     """The in-process cases' results, by name: all of them run once, in one process of their own."""
     return {r["name"]: r for r in bad.run_batch(work)}
 
 
 def test_the_table_covers_every_entry_point():
-    assert len(bad.CASES) >= 80 and len({c.name for c in bad.CASES}) == len(bad.CASES)
-    assert sum(c.bounded for c in bad.CASES) >= 20
+    assert len(bad.CASES) >= 129 and len({c.name for c in bad.CASES}) == len(bad.CASES)
+    assert sum(c.bounded for c in bad.CASES) >= 50 and len(bad.HOSTILE) >= 45
+    # a link at every file a training run, an evaluation and a report write (tests/test_integrity.py lists them
+    # from a real run)
+    assert {c.name.removeprefix("train: planted link ") for c in bad.HOSTILE if "train: planted" in c.name} \
+        == set(bad.TRAIN_LINKS)
     assert {c.entry for c in bad.CASES} == {"stapo", "snakemake", "vllm_settings"}
     assert {c.args[0] for c in bad.CASES if c.entry == "stapo" and c.args} == {"nope", "train", "eval", "report",
                                                                                "plan"}
@@ -90,3 +101,10 @@ def test_debug_keeps_the_traceback(work):
                          env=bad.env(), capture_output=True, text=True, timeout=120)
     assert res.returncode != 0 and "Traceback" in res.stderr and "StudyError" in res.stderr
     assert os.environ.get("STAPO_DEBUG", "0") in ("", "0")
+
+
+def test_nothing_outside_the_scratch_directory_changed(work, canary_before, batch):
+    """Every planted link points into a canary tree beside the scratch directory: after the whole in-process batch
+    (each link case refused in one line) its files are byte for byte what they were."""
+    assert len(canary_before) == 2 and bad.checksums(bad.canary(work)) == canary_before
+    assert all(batch[c.name]["rc"] == 2 for c in bad.HOSTILE if "planted link" in c.name)

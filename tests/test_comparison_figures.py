@@ -14,7 +14,7 @@ import yaml
 
 from stapo.report import table as report
 from stapo import study as stapo_study
-from stapo.core.atomic import atomic_write_json
+from helpers.cells import write_cell
 from stapo.report.comparison import COMPARISON_KINDS, ENTROPY_STABILITY, comparison_series, entropy_instability
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,14 +63,14 @@ def write_runs(tmp: Path, study: stapo_study.Study, models=MODELS) -> tuple[Path
             for k, setting in enumerate(SETTINGS):
                 for i, method in enumerate(study.methods):
                     acc = accuracy(i, j, k) + mi
-                    atomic_write_json(scores / model / method / "final" / bench / f"{setting}.summary.json",
-                                      {"avg_at_n": acc, "ci95": [acc - 1 - j, acc + 1 + j], "n_samples": 4})
+                    write_cell(scores / model / method / "final" / bench / f"{setting}.summary.json",
+                               {"avg_at_n": acc, "ci95": [acc - 1 - j, acc + 1 + j], "n_samples": 4})
                 base = 5.0 + j + mi
-                atomic_write_json(scores / model / "base" / "base" / bench / f"{setting}.summary.json",
-                                  {"avg_at_n": base, "ci95": [base - 1, base + 1], "n_samples": 4})
+                write_cell(scores / model / "base" / "base" / bench / f"{setting}.summary.json",
+                           {"avg_at_n": base, "ci95": [base - 1, base + 1], "n_samples": 4})
         if "stapo_full" in study.methods:
-            atomic_write_json(scores / model / "stapo_full" / "checkpoint-4" / "aime24" / "t1.0_p1.0.summary.json",
-                              {"avg_at_n": 3.0, "ci95": [2.0, 4.0], "n_samples": 4})
+            write_cell(scores / model / "stapo_full" / "checkpoint-4" / "aime24" / "t1.0_p1.0.summary.json",
+                       {"avg_at_n": 3.0, "ci95": [2.0, 4.0], "n_samples": 4})
         for i, method in enumerate(study.methods):
             s2t = study.methods[method].token_mask == "s2t"
             rows = [{"step": s, "entropy_mean": 0.5 + slope(i) * s,

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -55,12 +55,12 @@ CHEAP = {
     "snakemake --profile workflow/profiles/slurm results/table.md": (
         "snakemake -n --profile workflow/profiles/slurm results/table.md",
         "dry run, with the two variables exported as the line before says"),
-    "snakemake --cores all --configfile configs/paper.yaml configs/ablations.yaml -- results/table.md": (
-        "snakemake -n --cores all --configfile configs/paper.yaml configs/ablations.yaml -- results/table.md",
-        "dry run: the paper's GPU study"),
+    "snakemake --cores all --config 'study_file=[configs/paper.yaml,configs/ablations.yaml]' -- results/table.md": (
+        "snakemake -n --cores all --config 'study_file=[configs/paper.yaml,configs/ablations.yaml]' -- "
+        "results/table.md", "dry run: the paper's GPU study"),
     "snakemake -n -p": ("snakemake -n -p", "as written"),
-    "snakemake --cores all --configfile configs/tiny.yaml steps.yaml -- results/table.md": (
-        "snakemake -n --cores all --configfile configs/tiny.yaml steps.yaml -- results/table.md",
+    "snakemake --cores all --config 'study_file=[configs/tiny.yaml,steps.yaml]' -- results/table.md": (
+        "snakemake -n --cores all --config 'study_file=[configs/tiny.yaml,steps.yaml]' -- results/table.md",
         "dry run, steps.yaml holding what the README says"),
     "export STAPO_SLURM_ACCOUNT=<account> STAPO_SLURM_PARTITION=<gpu partition>": (
         None, "the environment of the SLURM command's run here (values for the placeholders)"),
@@ -68,9 +68,9 @@ CHEAP = {
         None, "needs conda and the network; tests/test_envs.py resolves environment.yml"),
     "conda env create -f environment.yml && conda activate stapo && pip install --no-deps -e .": (
         None, "as the line above, plus the pip line's dry run"),
-    "snakemake --configfile configs/tiny.yaml --report report.html -- results/table.md": (
+    "snakemake --config study_file=configs/tiny.yaml --report report.html -- results/table.md": (
         None, "needs a finished workflow run: tests/test_workflow.py::test_tiny_dag_end_to_end runs this command "
-              "after its run (its own --configfile)"),
+              "after its run (its own study_file)"),
 }
 SLOW = {  # run in this order: the report reads what the training and evaluations wrote
     "stapo train --recipe configs/paper.yaml --model qwen3-8b-base --method stapo --out runs/qwen3-8b-base/stapo": (
@@ -157,7 +157,10 @@ def test_cheap_readme_commands_run(checkout):
 @pytest.mark.slow
 def test_slow_readme_commands_run(checkout):
     (checkout / "results").mkdir()
-    shutil.copyfile(REPO / "configs" / "tiny.yaml", checkout / "results" / "study.yaml")
+    study = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    study["eval"]["benchmarks"]["arith"] = {**(study["eval"]["benchmarks"]["arith"] or {}), "limit": 2, "samples": 1}
+    # the study the report checks every cell against, as TINY_EVAL ran it (--limit 2 --samples 1)
+    (checkout / "results" / "study.yaml").write_text(yaml.safe_dump(study, sort_keys=False), encoding="utf-8")
     for readme, (command, why) in SLOW.items():
         res = run(command, checkout, timeout=900)
         assert res.returncode == 0, f"{readme} ({why})\n{res.stderr[-3000:]}"

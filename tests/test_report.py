@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from stapo.report import table as report, results
+from helpers.cells import write_cell
 from stapo.core.atomic import atomic_write_json
 from stapo import study as stapo_study
 from stapo.report.figures import FIGURE_KINDS, figure_series, step_of, step_series
@@ -24,8 +25,7 @@ CELL = re.compile(r"^-?\d+\.\d{2} \(-?\d+\.\d{2}\)$")
 
 
 def _summary(path: Path, acc: float, half: float = 2.0, n: int = 4, problems: int = 30) -> None:
-    atomic_write_json(path, {"avg_at_n": acc, "ci95": [acc - half, acc + half], "n_samples": n,
-                             "problems": problems, "samples": n * problems})
+    write_cell(path, {"avg_at_n": acc, "ci95": [acc - half, acc + half], "n_samples": n, "problems": problems})
 
 
 def study_of(name: str = "synthetic", models=(), methods=(), **sections) -> stapo_study.Study:
@@ -294,12 +294,15 @@ def test_bad_summary_names_the_file(tmp_path):
         report.load_scores(tmp_path / "scores")
 
 
+ARITH_30x4 = "eval: {limit: 30, benchmarks: {arith: {samples: 4}}}\n"  # what _write_study's cells hold
+
+
 def test_cli_dispatches_report(tmp_path):
     from stapo.cli import main
 
     scores, runs = _write_study(tmp_path, "m", ("arith",))
     cfg = tmp_path / "study.yaml"
-    cfg.write_text("study: cli\nmodels: {m: {spec: x}}\nmethods: {stapo: {objective: stapo}}\n")
+    cfg.write_text("study: cli\nmodels: {m: {spec: x}}\nmethods: {stapo: {objective: stapo}}\n" + ARITH_30x4)
     assert main(["report", "--scores", str(scores), "--runs", str(runs), "--out", str(tmp_path / "r"),
                  "--config", str(cfg)]) == 0
     assert (tmp_path / "r" / "table.md").read_text().startswith("# STAPO reproduction — study `cli`")
@@ -313,7 +316,7 @@ def test_bare_report_follows_the_study_the_workflow_wrote_into_its_out_dir(tmp_p
     _write_study(tmp_path, "m", ("arith",))
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "study.yaml").write_text("study: tiny\nmodels: {m: {spec: x}}\n"
-                                                     "methods: {stapo: {objective: stapo}}\n")
+                                                     "methods: {stapo: {objective: stapo}}\n" + ARITH_30x4)
     monkeypatch.chdir(tmp_path)
     assert main(["report"]) == 0
     assert (tmp_path / "results" / "table.md").read_text().startswith("# STAPO reproduction — study `tiny`")
@@ -370,7 +373,7 @@ def _verified_summary(path: Path, rule: float, corrected: float | None, protocol
     if corrected is not None:
         summary.update(avg_at_n_corrected=corrected, ci95_corrected=[corrected - 3, corrected + 3],
                        verifier={"model": verifier, "judged": 10})
-    atomic_write_json(path, summary)
+    write_cell(path, summary)
 
 
 def test_verifier_corrected_and_rule_only_side_by_side_in_each_cell(tmp_path):

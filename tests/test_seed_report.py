@@ -177,5 +177,5 @@ def test_a_line_cut_mid_way_names_the_file_and_line(scores):
     with pytest.raises(DamagedScores, match=rf"{path}: 2 samples, its summary says 800"):
         seed_cells(scores)
     summary_of(path).unlink()
-    with pytest.raises(DamagedScores, match=r"t1\.0_p1\.0\.summary\.json is missing"):
+    with pytest.raises(DamagedScores, match=r"t1\.0_p1\.0\.summary\.json: missing"):
         seed_cells(scores)

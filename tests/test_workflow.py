@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import stat
 import subprocess
@@ -277,6 +278,21 @@ def test_a_dry_run_with_another_config_cannot_change_a_planned_job(tmp_path):
     assert _planned_recipe(tmp_path, "--configfile", TINY, own) not in (recipe, other)
 
 
+def test_study_file_plans_what_configfile_plans(tmp_path):
+    """``--config study_file=FILE`` (the documented way: stapo's bounded reader sees the raw file first) and
+    ``--configfile FILE`` (kept for existing users) make the same study, overlays included; not both at once."""
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("train: {max_steps: 30, save_total_limit: null}\nworkflow: {eval_every: 10}\n")
+    by_configfile = snakemake("-n", "--quiet", "rules", "--configfile", TINY, extra, "--", "results/table.md",
+                              cwd=tmp_path)
+    by_study_file = snakemake("-n", "--quiet", "rules", "--config", f"study_file=[{TINY},{extra}]", "--",
+                              "results/table.md", cwd=tmp_path)
+    assert by_configfile.returncode == by_study_file.returncode == 0, by_study_file.stderr[-2000:]
+    assert job_counts(by_study_file.stdout) == job_counts(by_configfile.stdout)
+    both = snakemake("-n", "--configfile", TINY, "--config", f"study_file={TINY}", cwd=tmp_path)
+    assert both.returncode != 0 and "give the study once" in both.stderr
+
+
 def test_configfile_is_the_study_not_an_overlay_of_the_paper(tmp_path):
     """Point 6: a 2-method, 1-model study plans 2 training jobs (it planned the paper's 4 methods x 3 models)."""
     (tmp_path / "configs").mkdir()  # the paper's study where the workflow would find it: --configfile must win
@@ -296,33 +312,34 @@ def test_configfile_is_the_study_not_an_overlay_of_the_paper(tmp_path):
 
 
 def readme_snakemake_commands() -> list[str]:
-    """The `snakemake --cores all --configfile ...` commands of the README and docs/internals.md, as written: inline
-    code (wrapped lines joined) and code-block lines."""
+    """The `snakemake --cores all --config[file] ...` commands of the README and docs/internals.md, as written:
+    inline code (wrapped lines joined) and code-block lines."""
     found = set()
     for doc in (REPO / "README.md", REPO / "docs" / "internals.md"):
         text = doc.read_text(encoding="utf-8")
-        found.update(re.findall(r"`(snakemake --cores all --configfile [^`]+)`", text))
-        found.update(re.findall(r"^(snakemake --cores all --configfile [^`\n]+)$", text, re.M))
+        found.update(re.findall(r"`(snakemake --cores all --config[^`]+)`", text))
+        found.update(re.findall(r"^(snakemake --cores all --config[^`\n]+)$", text, re.M))
     return sorted({" ".join(c.split()) for c in found})
 
 
 def test_readme_commands_run_as_written(tmp_path):
-    """Each README `snakemake --configfile ...` command, dry-run in a directory holding what it names (configs/,
-    the steps.yaml it describes): every one plans its target (--configfile used to swallow it)."""
+    """Each README `snakemake --config study_file=...` command, dry-run in a directory holding what it names
+    (configs/, the steps.yaml it describes): every one plans its target (--configfile used to swallow it)."""
     commands = readme_snakemake_commands()
-    assert len(commands) >= 2, commands
+    assert len(commands) >= 2 and all("study_file=" in c for c in commands), commands
     (tmp_path / "configs").symlink_to(REPO / "configs")
     (tmp_path / "steps.yaml").write_text("train: {max_steps: 30}\n")  # as the README describes it
+    (tmp_path / "fast.yaml").write_text("train: {max_steps: 2}\n")
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1"}
     for command in commands:
-        argv = command.split()
+        argv = shlex.split(command)
         assert argv[-1] == "results/table.md", command
         res = subprocess.run([str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-n", "--quiet", "rules",
                               *argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, f"{command}\n{res.stderr[-2000:]}"
         assert job_counts(res.stdout)["report"] == 1, command  # the target's DAG, not just the default
     # the README's own shape of the mistake fails: a target right after the config files is read as one
-    wrong = readme_snakemake_commands()[0].replace(" -- results/table.md", " results/table.md").split()
+    wrong = shlex.split(readme_snakemake_commands()[0].replace(" -- results/table.md", " results/table.md"))
     res = subprocess.run([str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-n", *wrong[1:]], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode != 0
@@ -386,7 +403,8 @@ def test_tiny_dag_end_to_end(tmp_path):
     study["workflow"] = {**study.get("workflow", {}), "models": [model], "eval_every": None}
     cfg = tmp_path / "tiny-ci.yaml"  # a whole file, not an overlay: Snakemake would merge the benchmark maps
     cfg.write_text(yaml.safe_dump(study, sort_keys=False))
-    res = snakemake("--cores", "2", "--configfile", cfg, "--", "results/table.md", cwd=tmp_path, timeout=900)
+    res = snakemake("--cores", "2", "--config", f"study_file={cfg}", "--", "results/table.md", cwd=tmp_path,
+                    timeout=900)
     assert res.returncode == 0, res.stderr[-5000:]
     table = (tmp_path / "results" / "table.md").read_text()
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")[1:]]
@@ -398,7 +416,8 @@ def test_tiny_dag_end_to_end(tmp_path):
             assert (tmp_path / "results" / "figures" / f"{model}_{kind}.{ext}").stat().st_size > 0
     index = (tmp_path / "results" / "figures.md").read_text()  # base and final only: two points are no curve
     assert "not drawn: only the base model and the final checkpoint are evaluated on arith" in index, index
-    res = snakemake("--configfile", cfg, "--report", "report.html", "--", "results/table.md", cwd=tmp_path)
+    res = snakemake("--config", f"study_file={cfg}", "--report", "report.html", "--", "results/table.md",
+                    cwd=tmp_path)
     assert res.returncode == 0 and (tmp_path / "report.html").stat().st_size > 0, res.stderr[-3000:]
 
 

@@ -3,8 +3,10 @@
 The policy (:func:`read_jsonl`, :func:`jsonl_records`), for every ``.jsonl`` the project reads (training
 logs, per-sample scores, datasets, benchmark files):
     * lines end at ``\\n`` (or ``\\r\\n``); a blank line is skipped;
+    * the file is read under a size cap (stapo.core.bounded: a device or FIFO is refused), each line under
+      ``limits.MAX_LINE_BYTES`` and nested at most ``limits.MAX_DEPTH`` deep, checked before it is parsed;
     * every other line must be UTF-8 text holding one JSON object, else :class:`JsonlError` naming ``file:line``
-      and why (invalid JSON, not UTF-8, not an object);
+      and why (invalid JSON, not UTF-8, not an object, too long, too deep, an integer of 100,000 digits);
     * except the torn tail of a log: with ``appended=True`` (a file written line by line as it grows:
       metrics.jsonl, diagnostics.jsonl, silenced_examples.jsonl) a last line without its newline that does not
       parse is a writer killed mid-line (or one still writing it): it is skipped, with a warning naming
@@ -16,11 +18,11 @@ their own exception type or words, re-raise a JsonlError with its ``where`` (``f
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import NamedTuple
 
+from stapo.core import bounded, limits
 from stapo.core.errors import UserError
 
 __all__ = ["JsonlError", "JsonlRecord", "jsonl_records", "read_jsonl"]
@@ -46,27 +48,24 @@ class JsonlRecord(NamedTuple):
     row: dict
 
 
-def jsonl_records(path: str | Path, *, appended: bool = False, data: bytes | None = None) -> list[JsonlRecord]:
+def jsonl_records(path: str | Path, *, appended: bool = False, data: bytes | None = None,
+                  cap: int | None = None) -> list[JsonlRecord]:
     """Every JSON object of ``path`` with its line number and text, under the one policy (module docstring).
 
     ``appended``: the file is a log written line by line (its torn last line is skipped, with a warning);
-    ``data``: the file's bytes where the caller has read them already (stapo.eval.scoring checks their digest first).
+    ``data``: the file's bytes where the caller has read them already (stapo.eval.scoring checks their digest first);
+    ``cap``: the most bytes read (default: limits.MAX_LOG_BYTES for a log, else limits.MAX_DATA_BYTES).
     """
-    data = Path(path).read_bytes() if data is None else data
+    if data is None:
+        cap = cap or (limits.MAX_LOG_BYTES if appended else limits.MAX_DATA_BYTES)
+        data = bounded.read_bytes(path, cap, "a log" if appended else "a JSON-lines file")
     lines = data.splitlines()
     torn_tail = bool(lines) and not data.endswith((b"\n", b"\r"))
     out = []
     for n, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
-        try:
-            text = raw.decode("utf-8")
-            row = json.loads(text)
-            reason = None if isinstance(row, dict) else f"not a JSON object (a {type(row).__name__})"
-        except UnicodeDecodeError as err:
-            text, reason = raw.decode("utf-8", errors="replace"), f"not UTF-8 text (byte {err.start}: {err.reason})"
-        except json.JSONDecodeError as err:
-            reason = f"invalid JSON ({err.msg})"
+        text, row, reason = _parse_line(raw)
         if reason is None:
             out.append(JsonlRecord(n, text, row))
         elif appended and torn_tail and n == len(lines) and not reason.startswith("not a JSON object"):
@@ -76,6 +75,23 @@ def jsonl_records(path: str | Path, *, appended: bool = False, data: bytes | Non
     return out
 
 
-def read_jsonl(path: str | Path, *, appended: bool = False, data: bytes | None = None) -> list[dict]:
+def _parse_line(raw: bytes) -> tuple[str, object, str | None]:
+    """(text, value, None) or (text, None, why the line is refused)."""
+    if len(raw) > limits.MAX_LINE_BYTES:
+        return raw[:80].decode("utf-8", errors="replace"), None, (f"a line of {len(raw):,} bytes; at most "
+                                                                   f"{limits.MAX_LINE_BYTES:,} (stapo.core.limits)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return raw.decode("utf-8", errors="replace"), None, f"not UTF-8 text (byte {err.start}: {err.reason})"
+    try:
+        row = bounded.parse_json(text, "")
+    except bounded.BadFile as err:
+        return text, None, str(err).removeprefix(": ")
+    return text, row, None if isinstance(row, dict) else f"not a JSON object (a {type(row).__name__})"
+
+
+def read_jsonl(path: str | Path, *, appended: bool = False, data: bytes | None = None,
+               cap: int | None = None) -> list[dict]:
     """The JSON objects of ``path``, in file order (:func:`jsonl_records`; the policy: module docstring)."""
-    return [r.row for r in jsonl_records(path, appended=appended, data=data)]
+    return [r.row for r in jsonl_records(path, appended=appended, data=data, cap=cap)]

@@ -1,6 +1,8 @@
-"""Bounds on every input that sizes work: each number a study or a command line sets, and the YAML a study is read
-from. One declaration per bound, with its reason; the study schema (stapo.study.study_schema), the ``train``
-section (stapo.study.train), ``stapo train`` and ``stapo eval`` read them from here.
+"""Bounds on every input that sizes work: each number a study or a command line sets, the YAML a study is read from,
+and every file the harness reads (caps read by stapo.core.bounded at call time: a test lowers them), the keys that
+name directories and the sizes of a bundled test model. One declaration per bound, with its reason; the study schema
+(stapo.study.study_schema), the ``train`` section (stapo.study.train), ``stapo train`` and ``stapo eval`` read them
+from here.
 
 A bound is far above anything the paper or a plausible extension needs (the paper: 3,000 rollout steps, avg@32,
 20,480 new tokens); it exists so that a typo (``max_steps: 10**12``) or a hostile file is refused in one line,
@@ -13,7 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Bound", "BOUNDS", "MAX_YAML_BYTES", "MAX_VALUES", "check_tree", "check_bound"]
+__all__ = ["Bound", "BOUNDS", "MAX_YAML_BYTES", "MAX_VALUES", "MAX_DEPTH", "MAX_KEY_CHARS", "MAX_JSON_BYTES",
+           "MAX_LINE_BYTES", "MAX_LOG_BYTES", "MAX_SAMPLES_BYTES", "MAX_DATA_BYTES", "MAX_DIGITS", "TINY_QWEN3_BOUNDS",
+           "check_tree", "check_bound"]
 
 
 @dataclass(frozen=True)
@@ -82,11 +86,39 @@ MAX_CURVE_POINTS = 1_000  # checkpoints on one accuracy curve; the paper's has 1
 
 MAX_YAML_BYTES = 1024**2  # a study file: configs/paper.yaml is 9 KB
 MAX_VALUES = 100_000  # values of a study once YAML aliases are expanded: configs/paper.yaml has ~600
+MAX_KEY_CHARS = 64  # a key of models / methods / eval.settings names a directory; the longest shipped one has 17
+
+# Files the harness reads (stapo.core.bounded reads each under its cap, read here at call time so a test can lower
+# them). A cap is far above any real file and far below what would exhaust a node's memory; a device or FIFO is
+# refused whatever its cap.
+MAX_DEPTH = 64  # nesting of a JSON or YAML value, checked before it is parsed (the parsers recurse: a 2 KB
+#                 `x: [[[...]]]` once ended in a RecursionError); configs/paper.yaml nests 5 deep, a summary 3
+MAX_JSON_BYTES = 16 * 1024**2  # a summary, manifest, lock or run config.yaml: a few KB each
+MAX_LINE_BYTES = 16 * 1024**2  # one JSON line: a completion of 131,072 tokens is ~0.6 MB of text
+MAX_LOG_BYTES = 1024**3  # metrics.jsonl, diagnostics.jsonl, silenced_examples.jsonl: ~1 KB per step, the paper's
+#                          run 3,000 steps
+MAX_SAMPLES_BYTES = 4 * 1024**3  # a per-sample file: avg@32 of 675 problems at 20,480 tokens is ~2 GB at worst
+MAX_DATA_BYTES = 1024**3  # a benchmark or training data file: DAPO-Math-17k is ~10 MB, MATH500 0.4 MB
+MAX_DIGITS = 4_300  # digits of an integer in JSON (Python's own int-parsing limit, sys.get_int_max_str_digits)
+
+# bundled:tiny-qwen3?key=value: each size a random-init test model may take (stapo.models); the defaults are 2 layers
+# of width 64. hidden=10**7 once asked for a 606 GB allocation inside the job, heads=0 a ZeroDivisionError.
+TINY_QWEN3_BOUNDS: dict[str, Bound] = {
+    "layers": Bound(64, "layers of a test model; Qwen3-14B has 40", minimum=1),
+    "hidden": Bound(8_192, "width of a test model; Qwen3-14B's is 5,120", minimum=1),
+    "heads": Bound(128, "attention heads; Qwen3-14B has 40", minimum=1),
+    "kv_heads": Bound(128, "key-value heads; Qwen3-14B has 8", minimum=1),
+    "intermediate": Bound(32_768, "MLP width; Qwen3-14B's is 17,408", minimum=1),
+    "seed": _SEED,
+    "parameters": Bound(2e9, "weights of a random-init test model (the vocabulary's 151,669 embeddings included): "
+                        "2 billion are 8 GB in float32; the paper's smallest model has 1.7 billion"),
+}
 
 
-def check_bound(key: str, value, where: str) -> None:
-    """ValueError naming ``where`` unless ``value`` is a finite number within ``BOUNDS[key]`` (None passes)."""
-    bound = BOUNDS[key]
+def check_bound(key: str, value, where: str, bounds: dict[str, Bound] | None = None) -> None:
+    """ValueError naming ``where`` unless ``value`` is a finite number within ``BOUNDS[key]`` (or ``bounds[key]``;
+    None passes)."""
+    bound = (BOUNDS if bounds is None else bounds)[key]
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return  # types are the schema's / dataclass's to check
     if not math.isfinite(value):

@@ -1,10 +1,11 @@
 """One writer per output: an OS lock on a file beside what a command writes (a run directory, an evaluation).
 
-``hold(path)`` takes ``flock(LOCK_EX | LOCK_NB)`` on ``path`` (created if needed) and writes the holder's PID,
-host and start time into it. The kernel releases the lock when the holding process exits, however it exits
-(``kill -9`` included), so a lock is never stale: the file may stay behind, but only a living process can hold it.
-A second process refuses at once with one line naming the holder (:class:`Busy`). The file is never deleted (a
-process waiting to delete it would race one that has just opened it) and never renamed while held.
+``hold(path)`` takes ``flock(LOCK_EX | LOCK_NB)`` on ``path`` (created if needed) and writes the holder's PID, host
+and start time into it (never through a symbolic link: stapo.core.atomic). The kernel releases the lock when the
+holding process exits, however it exits (``kill -9`` included), so a lock is never stale: the file may stay behind,
+but only a living process can hold it. A second process refuses at once with one line naming the holder
+(:class:`Busy`). The file is never deleted (a process waiting to delete it would race one that has just opened it)
+and never renamed while held.
 
 ``hold`` is re-entrant within a process (the ``stapo`` CLI takes a run's lock before the trainer loads, and
 ``stapo.train.trainer.train`` takes it again when called as a library). On NFS, Linux emulates flock with POSIX locks,
@@ -21,9 +22,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from stapo.core import bounded
+from stapo.core.atomic import open_new_or_existing
 from stapo.core.errors import UserError
 
-__all__ = ["Busy", "hold", "holder", "run_lock", "output_lock", "RUN_LOCK"]
+__all__ = ["Busy", "hold", "holder", "in_use", "run_lock", "output_lock", "RUN_LOCK"]
 
 RUN_LOCK = "stapo.lock"  # DIR/stapo.lock: the lock of a run directory (stapo train)
 
@@ -37,10 +40,28 @@ class Busy(UserError):
 def holder(path: str | os.PathLike) -> dict:
     """What the lock file says about its holder ({} when unreadable or not yet written)."""
     try:
-        info = json.loads(Path(path).read_text(encoding="utf-8") or "{}")
+        info = json.loads(bounded.read_text(path, 4096, "a lock file") or "{}")
     except (OSError, ValueError):
         return {}
     return info if isinstance(info, dict) else {}
+
+
+def in_use(path: str | os.PathLike) -> str | None:
+    """Who holds the lock ``path`` now ("PID 12 on host (since ...)"), or None when no living process does (or there
+    is no lock file). Creates nothing; a reader (stapo report) asks it before it trusts what a writer writes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        info = holder(path)
+        return (f"PID {info.get('pid', '?')} on {info.get('host', '?')} (since {info.get('since', '?')})"
+                if info else "another process")
+    finally:
+        os.close(fd)
+    return None
 
 
 @contextmanager
@@ -58,7 +79,7 @@ def hold(path: str | os.PathLike, what: str):
             _HELD[path] -= 1
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    fd = open_new_or_existing(path, os.O_RDWR)  # never through a planted symbolic link
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -28,6 +28,7 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from stapo.core import bounded
 from stapo.core.atomic import atomic_write_json
 
 __all__ = ["COMPLETE", "FINAL_COMPLETE", "SNAPSHOT_COMPLETE", "cut_files", "WEIGHTS", "file_sha256", "digests",
@@ -81,7 +82,7 @@ def write_manifest(directory: str | os.PathLike, sentinel: str, step: int) -> di
     names = _files(directory, sentinel)
     manifest = {"step": step, "files": {n: (directory / n).stat().st_size for n in names},
                 "sha256": digests(directory, names)}
-    atomic_write_json(directory / sentinel, manifest)
+    atomic_write_json(directory / sentinel, manifest, inside=directory)
     return manifest
 
 
@@ -91,7 +92,7 @@ def read_manifest(directory: str | os.PathLike, sentinel: str) -> dict | None:
     if not mark.is_file():
         return None
     try:
-        manifest = json.loads(mark.read_text(encoding="utf-8"))
+        manifest = bounded.load_json(mark, what="a manifest")
     except (ValueError, OSError):
         return {}
     return manifest if isinstance(manifest, dict) else {}

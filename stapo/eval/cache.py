@@ -7,6 +7,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from stapo.core.atomic import refuse_links
+
 __all__ = ["GenerationCache", "cache_path"]
 
 
@@ -20,6 +22,7 @@ class GenerationCache:
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
+        refuse_links([path, *(path.with_name(path.name + s) for s in ("-journal", "-wal", "-shm"))])
         self.db = sqlite3.connect(str(path))
         self.db.execute("CREATE TABLE IF NOT EXISTS gen (key TEXT PRIMARY KEY, text TEXT NOT NULL)")
         self.db.commit()

@@ -49,7 +49,7 @@ from pathlib import Path
 from stapo.core import manifest
 
 from stapo import study
-from stapo.core.atomic import atomic_write, atomic_write_json, check_creatable_dir
+from stapo.core.atomic import atomic_write, atomic_write_json, check_creatable_dir, refuse_links
 from stapo.core.errors import UserError
 from stapo.core.limits import BOUNDS, check_bound
 from stapo.core.lock import Busy, output_lock, run_lock
@@ -172,9 +172,9 @@ def _check_benchmark_data(cfg: EvalConfig) -> None:
         return
     if cfg.file is None and not path.parent.is_dir():
         raise EvalInputError(f"eval.data_dir / --data-dir: directory {path.parent} not found")
-    if not path.is_file():
+    if not path.exists():
         raise EvalInputError(f"benchmark {cfg.benchmark!r}: {path} not found")
-    try:
+    try:  # stapo.core.bounded refuses a directory, device or FIFO, naming it
         read_benchmark_file(path)
     except ValueError as err:
         raise EvalInputError(str(err)) from None
@@ -195,6 +195,14 @@ def _check_writable(out: Path) -> None:
     except OSError as err:
         why = str(err) if err.strerror is None else f"cannot write in {out.parent} ({err.strerror})"
         raise EvalInputError(f"--out: {why}") from None
+    refuse_links(written_files(out))
+
+
+def written_files(out: Path) -> list[Path]:
+    """Every file ``stapo eval --out FILE.jsonl`` writes: none may be a symbolic link (stapo.core.atomic)."""
+    cache = cache_path(out)
+    return [out, summary_path(out), out.with_name(out.name + ".lock"), cache,
+            *(cache.with_name(cache.name + suffix) for suffix in ("-journal", "-wal", "-shm"))]
 
 
 def _check_spec(spec: str) -> None:
@@ -370,11 +378,11 @@ def _evaluate(args: argparse.Namespace, cfg: EvalConfig, out: Path) -> int:
     finally:
         store.close()
     samples = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
-    atomic_write(out, samples)
+    atomic_write(out, samples, inside=out.parent)
     # what made the numbers, beside the commit: the weights' content and the packages (issue 32)
     summary = {**summarize(records, cfg, model_path, verifier), "samples_file": samples_file_digest(samples),
                "weights_sha256": weights_sha256(model_path, known), "packages": package_versions()}
-    atomic_write_json(summary_path(out), summary)
+    atomic_write_json(summary_path(out), summary, inside=out.parent)
     log.info("%s %s: avg@%d = %.2f%% (CI %.1f-%.1f), %d problems, truncated %.1f%%, no box %.1f%%; generation "
              "%.1fs (%d cached, %d generated), grading (+ verifier) %.1fs", cfg.benchmark, cfg.setting, cfg.n,
              summary["avg_at_n"],

@@ -7,7 +7,6 @@ computed"). Every accuracy is in %.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 from math import comb
 from pathlib import Path
@@ -16,6 +15,7 @@ import numpy as np
 
 from stapo.tasks.answers import normalize_answer
 from stapo.tasks.problems import EvalProtocol
+from stapo.core import bounded, limits
 from stapo.core.errors import UserError
 from stapo.core.jsonl import JsonlError, read_jsonl
 from stapo.study.evaluation import EvalConfig
@@ -175,12 +175,15 @@ def read_samples(path: str | Path) -> list[dict]:
     path = Path(path)
     summary_path, fix = summary_of(path), "rerun its evaluation (delete it and its summary)"
     try:
-        data = path.read_bytes()
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        data = bounded.read_bytes(path, limits.MAX_SAMPLES_BYTES, "a per-sample file")
+        summary = bounded.load_json(summary_path, what="a score summary")
     except FileNotFoundError as err:
-        raise DamagedScores(f"{path}: {err.filename} is missing (an evaluation writes both); {fix}") from None
-    except (ValueError, OSError) as err:
-        raise DamagedScores(f"{summary_path}: not a readable score summary ({err}); {fix}") from None
+        raise DamagedScores(f"{err.filename}: missing (an evaluation writes {path.name} and its summary); {fix}"
+                            ) from None
+    except bounded.BadFile as err:
+        raise DamagedScores(f"{err}; {fix}") from None
+    except OSError as err:
+        raise DamagedScores(f"{summary_path}: not a readable score summary ({err.strerror}); {fix}") from None
     recorded = summary.get("samples_file") if isinstance(summary, dict) else None
     if recorded and samples_file_digest(data) != recorded:
         got = samples_file_digest(data)

@@ -118,7 +118,7 @@ def _draw(panel: Panel, model: str, study):
 
 def write_costs(out_dir: Path, models: list[str], metrics: dict, study) -> None:
     """Write cost.md (the figure: ``time_breakdown``, written by stapo.report.kinds.write_figures)."""
-    atomic_write(Path(out_dir) / "cost.md", render_cost_table(metrics, models, study))
+    atomic_write(Path(out_dir) / "cost.md", render_cost_table(metrics, models, study), inside=out_dir)
 
 
 def _model_breakdown(model: str, inputs) -> Panel:

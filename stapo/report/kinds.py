@@ -122,13 +122,13 @@ def write_figures(out_dir: str | Path, inputs: FigureInputs, kinds: list[FigureK
             paths = [Path(out_dir) / "figures" / f"{stem}.{ext}" for ext in ("png", "pdf")]
             if panel.missing:
                 for path in paths:
-                    path.unlink(missing_ok=True)
+                    path.unlink(missing_ok=True)  # a planted link is removed, never followed
                 continue
             fig = kind.draw(panel, model, inputs)
             for path in paths:
                 buf = io.BytesIO()
                 fig.savefig(buf, format=path.suffix[1:])
-                atomic_write(path, buf.getvalue())
+                atomic_write(path, buf.getvalue(), inside=out_dir)
             plt.close(fig)
     return written
 

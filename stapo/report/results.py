@@ -16,19 +16,21 @@ The report's inputs (:func:`load_scores`, :func:`load_metrics`, :func:`load_run_
 from __future__ import annotations
 
 import csv
-import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from stapo.report import seeds
+from stapo.core import bounded, limits
 from stapo.core.jsonl import JsonlError, JsonlRecord, jsonl_records, read_jsonl
+from stapo.core.lock import RUN_LOCK, in_use
 from stapo.study.names import BENCHMARKS, METHODS, MODELS, SETTINGS
-from stapo.eval.scoring import DamagedScores
+from stapo.eval.scoring import DamagedScores, read_samples
 from stapo.report.seed_statistics import seed_cell
+from stapo.tasks.registry import HUB, load_rows
 
-__all__ = ["JsonlError", "JsonlRecord", "jsonl_records", "read_jsonl", "Score", "load_scores", "load_metrics",
+__all__ = ["JsonlError", "JsonlRecord", "jsonl_records", "read_jsonl", "Score", "load_scores", "expected_cells",
+           "StillRunning", "load_metrics",
            "load_paper", "load_run_protocols", "load_examples", "RUN_PROTOCOL_KEYS", "PAPER_CSV"]
 
 PAPER_CSV = Path(__file__).parents[1] / "reference" / "paper_v2_table.csv"
@@ -66,31 +68,108 @@ class Score:
     rule_moved: int | None = None  # samples on which the two rule stages disagree
 
 
-def load_scores(scores_dir: str | Path) -> list[Score]:
+class StillRunning(DamagedScores):
+    """An evaluation output or run directory whose lock a living process holds: what it wrote is not final."""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a study's evaluation of one benchmark asks for: problems (its rows after its limit), samples each, and
+    the seeds of a trained run (None: not known, not checked)."""
+
+    problems: int | None
+    n_samples: int | None
+    seeds: tuple[int, ...] | None = None
+
+
+def expected_cells(study) -> dict[str, Expected]:
+    """benchmark -> :class:`Expected` of every benchmark of ``study``'s eval section (a hub benchmark's rows are
+    not counted: that would need the network)."""
+    section, out = study.eval, {}
+    seeds_ = tuple(study.workflow.seeds) if study.workflow.seeds and len(study.workflow.seeds) > 1 else None
+    for bench in section.benchmarks:
+        entry, problems = section.benchmark(bench), None
+        if not (section.data_dir == HUB and section.uses_data_dir(bench)):
+            rows = load_rows(bench, section.data_dir, file=entry.file, n=entry.n, seed=entry.seed,
+                             difficulty=entry.difficulty)
+            limit = entry.limit if entry.limit is not None else section.limit
+            problems = len(rows) if limit is None else min(limit, len(rows))
+        out[bench] = Expected(problems, section.samples(bench), seeds_)
+    return out
+
+
+def load_scores(scores_dir: str | Path, expected: dict[str, Expected] | None = None) -> list[Score]:
     """Every ``<model>/<method>/<ckpt>/<benchmark>/<setting>.summary.json`` under ``scores_dir``, and one cell per
     (model, method, ckpt, benchmark, setting) of a several-seed study's ``<model>/<method>/seed<k>/...``: the mean
-    over seeds with its CI over seeds and problems (:func:`_across_seeds`)."""
+    over seeds with its CI over seeds and problems (:func:`_across_seeds`).
+
+    Every cell is verified before its number is used (:func:`_verify_cell`): its per-sample file is there, matches
+    the digest and counts its summary recorded, holds the problems and samples ``expected`` (a study's, by
+    benchmark) asks for, and no living evaluation holds its lock; a several-seed cell has every seed. Anything
+    else is a DamagedScores naming the file."""
     scores = []
     for path in sorted(Path(scores_dir).glob("*/*/*/*/*.summary.json")):
-        scores.append(_read_summary(path, *path.relative_to(scores_dir).parts[:4]))
-    per_seed: dict[tuple, list[Score]] = {}
+        score = _read_summary(path, *path.relative_to(scores_dir).parts[:4])
+        _verify_cell(path, score, (expected or {}).get(score.benchmark))
+        scores.append(score)
+    per_seed: dict[tuple, dict[int, Score]] = {}
     for path in sorted(Path(scores_dir).glob("*/*/seed*/*/*/*.summary.json")):
-        model, method, _, ckpt, benchmark = path.relative_to(scores_dir).parts[:5]
+        model, method, seed_dir, ckpt, benchmark = path.relative_to(scores_dir).parts[:5]
+        if not seed_dir.removeprefix("seed").isdigit():
+            continue
         score = _read_summary(path, model, method, ckpt, benchmark)
-        per_seed.setdefault((model, method, ckpt, benchmark, score.setting), []).append(score)
-    return scores + _across_seeds(scores_dir, per_seed)
+        _verify_cell(path, score, (expected or {}).get(score.benchmark), samples=False)
+        per_seed.setdefault((model, method, ckpt, benchmark, score.setting), {})[int(seed_dir[4:])] = score
+    return scores + _across_seeds(scores_dir, per_seed, expected or {})
+
+
+def _samples_of(summary: Path) -> Path:
+    return summary.with_name(summary.name.removesuffix(".summary.json") + ".jsonl")
+
+
+def _verify_cell(summary: Path, score: Score, expected: Expected | None, samples: bool = True) -> None:
+    """One evaluation's numbers may be printed: no writer holds it, its per-sample file matches its summary
+    (stapo.eval.scoring.read_samples: digest, lines) and holds the problems and samples the study asks for.
+    ``samples=False``: the lock and the counts only (a seed's file is read by stapo.report.seeds)."""
+    path = _samples_of(summary)
+    who = in_use(path.with_name(path.name + ".lock"))
+    if who:
+        raise StillRunning(f"{path}: its evaluation is still running ({who}); report once it has finished")
+    if expected is not None and expected.problems is not None and score.problems != expected.problems:
+        raise DamagedScores(f"{summary}: {score.problems} problems; the study's evaluation of {score.benchmark} "
+                            f"asks for {expected.problems} (its rows after eval.limit): rerun it")
+    if expected is not None and expected.n_samples is not None and score.n_samples != expected.n_samples:
+        raise DamagedScores(f"{summary}: {score.n_samples} samples per problem; the study asks for "
+                            f"{expected.n_samples}: rerun it")
+    if not samples:
+        return
+    rows = read_samples(path)  # missing, cut, edited: DamagedScores naming it
+    problems = len({str(r.get("problem_id")) for r in rows})
+    if problems != score.problems or (score.n_samples and len(rows) != problems * score.n_samples):
+        raise DamagedScores(f"{path}: {len(rows)} samples of {problems} problems; its summary says "
+                            f"{score.problems} problems x {score.n_samples}: rerun the evaluation")
+
+
+def _percent(s: dict, key: str, path: Path) -> float:
+    """A score of the summary: a finite number in [0, 100]."""
+    value = float(s[key]) if not isinstance(s[key], (list, dict, bool)) else math.nan
+    if not (math.isfinite(value) and 0 <= value <= 100):
+        raise DamagedScores(f"{path}: {key} is {s[key]!r}, not a percentage in [0, 100]: rerun the evaluation")
+    return value
 
 
 def _read_summary(path: Path, model: str, method: str, ckpt: str, benchmark: str) -> Score:
     setting = path.name[: -len(".summary.json")]
     try:
-        s = json.loads(path.read_text(encoding="utf-8"))
-        rule = float(s["avg_at_n"])
+        s = bounded.load_json(path, what="a score summary")
+        rule = _percent(s, "avg_at_n", path)
         corrected = s.get("avg_at_n_corrected")
-        acc = rule if corrected is None else float(corrected)  # the paper reports verifier-corrected
+        acc = rule if corrected is None else _percent(s, "avg_at_n_corrected", path)  # the paper's: corrected
         ci = (s.get("ci95") if corrected is None else s.get("ci95_corrected")) or (acc, acc)
-        lo, hi = (float(v) for v in ci)
-    except (ValueError, KeyError, TypeError) as e:
+        lo, hi = (_percent({"ci95": v}, "ci95", path) for v in ci)
+    except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+        if isinstance(e, (DamagedScores, bounded.BadFile)):  # each names the file already
+            raise DamagedScores(str(e)) from None
         raise DamagedScores(f"{path}: not a score summary (need avg_at_n and ci95): {e}") from None
     verifier = (s.get("verifier") or {}).get("model") if corrected is not None else None
     generation = s.get("generation") or {}
@@ -109,19 +188,23 @@ def _mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _across_seeds(scores_dir, per_seed: dict[tuple, list[Score]]) -> list[Score]:
+def _across_seeds(scores_dir, per_seed: dict[tuple, dict[int, Score]], expected: dict[str, Expected]
+                  ) -> list[Score]:
     """One Score per several-seed cell: accuracy = mean over seeds and problems of the per-sample verdicts, CI
-    from the two-stage bootstrap (stapo.report.seed_statistics); rates: the seeds' mean."""
+    from the two-stage bootstrap (stapo.report.seed_statistics); rates: the seeds' mean. Every seed with a summary
+    (and every seed the study runs) must have its per-sample file: a missing one is named, never averaged over."""
     if not per_seed:
         return []
     cells = seeds.seed_cells(scores_dir)
     out = []
-    for key, group in per_seed.items():
-        samples = cells.get(key)
-        if samples is None:
-            where = f"{scores_dir}/{key[0]}/{key[1]}/seed*/{key[2]}/{key[3]}/{key[4]}.jsonl"
-            raise DamagedScores(f"{where}: the per-sample files of a several-seed cell are missing (its summaries "
-                                "are there)")
+    for key, by_seed in per_seed.items():
+        samples, group = cells.get(key), list(by_seed.values())
+        wanted = set(by_seed) | set(getattr(expected.get(key[3]), "seeds", None) or ())
+        missing = sorted(wanted - set(samples.seeds if samples else ()))
+        if missing:
+            where = Path(scores_dir, key[0], key[1], f"seed{missing[0]}", key[2], key[3], f"{key[4]}.jsonl")
+            raise DamagedScores(f"{where}: missing ({len(missing)} of the cell's {len(wanted)} seeds); a several-"
+                                "seed cell is never averaged over the seeds that are left: rerun its evaluation")
         head, rule = seed_cell(samples.headline), seed_cell(samples.rule)
         out.append(Score(*key, head.mean, head.lo, head.hi, group[0].n_samples, group[0].problems, rule.mean,
                          head.mean if samples.corrected is not None else None,
@@ -168,6 +251,9 @@ def load_metrics(runs_dir: str | Path, name: str = "metrics.jsonl") -> dict[tupl
     ``<method>/seed<k>`` (several seeds); a resumed run's repeated steps keep the last."""
     out = {}
     for path in _run_files(runs_dir, name):
+        who = in_use(path.parent / RUN_LOCK)
+        if who:
+            raise StillRunning(f"{path.parent}: still being trained ({who}); report once it has finished")
         by_step = {}
         for record in jsonl_records(path, appended=True):
             try:
@@ -202,8 +288,8 @@ def load_run_protocols(runs_dir: str | Path) -> dict[tuple[str, str], dict[str, 
     for path in _run_files(runs_dir, "config.yaml"):
         model, method = path.relative_to(runs_dir).parts[:2]
         try:
-            config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError):
+            config = bounded.load_yaml(path, limits.MAX_JSON_BYTES, "a run's config.yaml") or {}
+        except (OSError, ValueError):
             out[(model, method)] = None
             continue
         values = {label: ("not recorded" if key not in (config.get(section) or {}) else str(config[section][key]))

@@ -51,8 +51,8 @@ from stapo.core.errors import UserError
 from stapo.report.kinds import FigureInputs, render_examples, render_figure_index, write_figures
 from stapo.report.figures import FIGURE_KINDS, settings_order
 from stapo.study.names import BENCHMARKS, METHODS, MODELS, PAPER_BENCHMARKS, paper_key
-from stapo.report.results import (PAPER_CSV, RUN_PROTOCOL_KEYS, Score, load_examples, load_metrics, load_paper,
-                           load_run_protocols, load_scores)
+from stapo.report.results import (PAPER_CSV, RUN_PROTOCOL_KEYS, Score, expected_cells, load_examples, load_metrics,
+                           load_paper, load_run_protocols, load_scores)
 from stapo.tasks.problems import EvalProtocol
 
 # load_scores, load_metrics, load_paper, Score: stapo.report.results; render_examples, render_figure_index:
@@ -381,16 +381,19 @@ def render_csv(scores: list[Score], layout: dict, paper: dict) -> str:
 
 
 def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None = None, paper_csv=PAPER_CSV,
-                 log=None) -> dict:
+                 log=None, expected: dict | None = None) -> dict:
     """Write table.md, table.tex, scores.csv, the figures and their index; return the per-model layout.
-    ``log``: called with one line per skipped figure (``stapo report`` prints them)."""
+    ``log``: called with one line per skipped figure (``stapo report`` prints them); ``expected``: what the study's
+    evaluations ask for, by benchmark (stapo.report.results.expected_cells; ``stapo report`` checks every cell
+    against it)."""
     study = study or stapo_study.default()
     out_dir = Path(out_dir)
-    scores, metrics, paper = load_scores(scores_dir), load_metrics(runs_dir), load_paper(paper_csv)
+    scores, metrics, paper = load_scores(scores_dir, expected), load_metrics(runs_dir), load_paper(paper_csv)
     layout = _layout(scores, study)
-    atomic_write(out_dir / "table.md", render_markdown(layout, paper, study, load_run_protocols(runs_dir)))
-    atomic_write(out_dir / "table.tex", render_latex(layout, paper, study))
-    atomic_write(out_dir / "scores.csv", render_csv(scores, layout, paper))
+    table = render_markdown(layout, paper, study, load_run_protocols(runs_dir))
+    atomic_write(out_dir / "table.md", table, inside=out_dir)
+    atomic_write(out_dir / "table.tex", render_latex(layout, paper, study), inside=out_dir)
+    atomic_write(out_dir / "scores.csv", render_csv(scores, layout, paper), inside=out_dir)
     models = study.workflow.models or _ordered(set(layout) | {m for m, _ in metrics} | set(study.models),
                                                list(study.models))
     methods = _ordered({stapo_study.split_run(m)[0] for _, m in metrics} | {s.method for s in scores}
@@ -400,16 +403,17 @@ def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None 
     drawn = write_figures(out_dir, FigureInputs(models, methods, scores, metrics, diagnostics, study))
     examples = render_examples(load_examples(runs_dir), models, methods, study,
                                diagnosed=any(rows for rows in diagnostics.values()))
-    atomic_write(out_dir / "silenced_examples.md", examples)
+    atomic_write(out_dir / "silenced_examples.md", examples, inside=out_dir)
     cost.write_costs(out_dir, models, metrics, study)  # cost.md (its figure: time_breakdown, drawn above)
     figures = [f[:4] for f in drawn]
     notes = {stem: lines for stem, _, _, _, lines in drawn if lines}
-    atomic_write(out_dir / "figures.md", render_figure_index(figures, examples, study, notes))
+    atomic_write(out_dir / "figures.md", render_figure_index(figures, examples, study, notes), inside=out_dir)
     if any(s.n_seeds > 1 for s in scores):  # a several-seed study: each seed and the paired comparisons
         benchmarks = _ordered({s.benchmark for s in scores}, list(study.eval.benchmarks))
         seeded = _ordered({s.model for s in scores if s.n_seeds > 1}, list(study.models))
-        atomic_write(out_dir / "seeds.md", seed_report.render_seeds(seed_report.seed_cells(scores_dir), study,
-                                                                     seeded, benchmarks, settings_order(study, scores)))
+        seeds_md = seed_report.render_seeds(seed_report.seed_cells(scores_dir), study, seeded, benchmarks,
+                                            settings_order(study, scores))
+        atomic_write(out_dir / "seeds.md", seeds_md, inside=out_dir)
     for stem, _, _, missing in figures:
         if missing and log:
             log(f"report: figure {stem} skipped: {missing}")
@@ -447,6 +451,10 @@ def run(args) -> int:
         check_creatable_dir(args.out)
     except OSError as err:
         raise UserError(f"--out: {err}") from None
-    layout = write_report(args.scores, args.runs, args.out, study, log=print)
+    try:
+        expected = expected_cells(study) if study else None
+    except (OSError, ValueError) as err:
+        raise UserError(f"{config}: cannot count the problems its evaluations ask for: {err}") from None
+    layout = write_report(args.scores, args.runs, args.out, study, log=print, expected=expected)
     print(f"report: {sum(len(e['methods']) for e in layout.values())} rows for {len(layout)} model(s) -> {args.out}")
     return 0

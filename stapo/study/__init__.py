@@ -29,16 +29,16 @@ from pathlib import Path
 
 from stapo.study.evaluation import EvalSection
 from stapo.study.objective import OBJECTIVES, ObjectiveConfig, get_objective
-from stapo.study.read import (TRAIN_SECTIONS, check_schema, curve_checkpoints, default, snapshot_steps, load, parse,
-                              read, resolve_plan)
+from stapo.study.read import (TRAIN_SECTIONS, check_schema, curve_checkpoints, default, load, load_files, overlay,
+                              parse, read, resolve_plan, snapshot_steps)
 from stapo.study.schema import SECTIONS, study_schema
 from stapo.study.sections import ModelEntry, Plan, Study, StudyError, WorkflowSection, split_run
 from stapo.study.train import TrainSettings, accumulation, train_settings
 
-__all__ = ["SCHEMA", "SECTIONS", "StudyError", "Study", "ModelEntry", "WorkflowSection", "Plan", "load", "parse",
-           "read", "check_schema", "study_schema", "resolve_plan", "default", "curve_checkpoints", "snapshot_steps",
-           "TRAIN_SECTIONS", "split_run", "EvalSection", "ObjectiveConfig", "OBJECTIVES", "get_objective",
-           "TrainSettings", "train_settings", "accumulation"]
+__all__ = ["SCHEMA", "SECTIONS", "StudyError", "Study", "ModelEntry", "WorkflowSection", "Plan", "load", "load_files",
+           "overlay", "parse", "read", "check_schema", "study_schema", "resolve_plan", "default", "curve_checkpoints",
+           "snapshot_steps", "TRAIN_SECTIONS", "split_run", "EvalSection", "ObjectiveConfig", "OBJECTIVES",
+           "get_objective", "TrainSettings", "train_settings", "accumulation"]
 
 # the schema's printout in the workflow catalog (generated; the package does not read it)
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"

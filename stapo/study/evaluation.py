@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from stapo.core.fields import Choice, check_fields, check_keys, option
+from stapo.core.limits import MAX_KEY_CHARS
 
 from stapo.tasks.problems import DEFAULT_EVAL_PROTOCOL, EvalProtocol, check_worked_example
 from stapo.tasks.registry import ARITH_DEFAULTS, BENCHMARKS, FILE_SAMPLES, SETTINGS
@@ -97,7 +98,7 @@ class EvalSection:
         help="the benchmarks evaluated: key -> BenchmarkEntry (a shipped benchmark of stapo.tasks.registry, or any "
         "key with its own file; default all shipped ones)",
         default_factory=lambda: {k: BenchmarkEntry() for k in BENCHMARKS},
-        type="object", minProperties=1, propertyNames={"pattern": "^[A-Za-z0-9_-]+$"})
+        type="object", minProperties=1, propertyNames={"pattern": f"^[A-Za-z0-9_-]{{1,{MAX_KEY_CHARS}}}$(?!\\n)"})
     settings: dict = option(
         help="the sampling settings evaluated: key -> {temperature, top_p, label} (default the paper's two, "
         "stapo.tasks.registry.SETTINGS)", default_factory=lambda: copy.deepcopy(SETTINGS), minProperties=1)

@@ -10,7 +10,8 @@ from pathlib import Path
 import yaml
 
 from stapo.core.fields import check_keys, from_mapping
-from stapo.core.limits import MAX_CURVE_POINTS, MAX_YAML_BYTES, check_tree
+from stapo.core import bounded, limits
+from stapo.core.limits import MAX_CURVE_POINTS, check_tree
 from stapo.core.schedule import optimizer_steps_per_rollout
 from stapo.study.evaluation import EvalSection
 from stapo.study.objective import ObjectiveConfig, get_objective
@@ -19,8 +20,8 @@ from stapo.study.sections import ModelEntry, Plan, Study, StudyError, WorkflowSe
 from stapo.study.train import accumulation, train_settings
 from stapo.tasks.registry import BUNDLED, HUB, benchmark_file
 
-__all__ = ["load", "check_schema", "parse", "read", "resolve_plan", "default", "curve_checkpoints",
-           "snapshot_steps", "TRAIN_SECTIONS"]
+__all__ = ["load", "load_files", "overlay", "check_schema", "parse", "read", "resolve_plan", "default",
+           "curve_checkpoints", "snapshot_steps", "TRAIN_SECTIONS"]
 
 TRAIN_SECTIONS = ("models", "methods", "train")  # what a `stapo train --recipe` file must hold
 _MAX = 160  # characters of an offending value quoted in a message
@@ -30,28 +31,48 @@ _MAX = 160  # characters of an offending value quoted in a message
 
 
 def load(path: str | os.PathLike) -> dict:
-    """The mapping in a YAML file; StudyError for a missing file, a syntax error (file:line:col) or a non-mapping."""
+    """The mapping in a YAML file; StudyError for a missing file, one that is not a regular file or is over
+    MAX_YAML_BYTES, a syntax error (file:line:col), nesting over MAX_DEPTH, a duplicate key or a non-mapping
+    (stapo.core.bounded reads it)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise StudyError(f"{path}: file not found")
-    size = path.stat().st_size
-    if size > MAX_YAML_BYTES:
-        raise StudyError(f"{path}: {size:,} bytes; a study file is at most {MAX_YAML_BYTES:,} (configs/paper.yaml: "
-                         "9 KB)")
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise StudyError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise StudyError(f"{where}: YAML syntax error: {problem}") from None
+        doc = bounded.parse_yaml(bounded.read_text(path, limits.MAX_YAML_BYTES, "a study file (configs/paper.yaml: "
+                                                   "9 KB)"), str(path))
+    except bounded.BadFile as err:
+        raise StudyError(str(err)) from None
+    except OSError as err:
+        raise StudyError(f"{path}: cannot read it ({err.strerror})") from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
         raise StudyError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)}), got {type(doc).__name__}")
     return doc
+
+
+def overlay(base: dict, extra: dict) -> dict:
+    """``extra`` deep-merged into ``base`` (in place, returned), as Snakemake merges a second ``--configfile``:
+    mappings merge key by key, any other value replaces."""
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            overlay(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def load_files(files) -> dict:
+    """The study of ``files``: the first, each later one an overlay (:func:`overlay`), every file read by
+    :func:`load` (bounded: size, nesting, duplicate keys, UTF-8), before anything else sees it. What the workflow's
+    ``--config study_file=FILE`` and ``stapo plan --configfile`` read."""
+    files = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    if not files or not all(isinstance(f, (str, os.PathLike)) and str(f) for f in files):
+        raise StudyError(f"study_file: expected a file or a list of files, got {files!r:.100}")
+    config = load(files[0])
+    for extra in files[1:]:
+        overlay(config, load(extra))
+    return config
 
 
 def _message(err) -> str:
@@ -64,7 +85,10 @@ def _message(err) -> str:
             return str(unknown)
     if "propertyNames" in err.schema_path:  # a key, not a value
         why = err.schema.get("$comment") if err.validator == "pattern" else None
-        message = err.message[:_MAX] + (f" ({why})" if why else "")
+        key = str(err.instance)
+        message = err.message[:_MAX] if len(key) <= 40 else (f"{key[:40]!r}… ({len(key):,} characters) is not a "
+                                                               "valid key")
+        message += f" ({why})" if why else ""
         return f"{path}: {message}" if path else message
     if err.validator == "required":
         return f"{path or 'top level'}: {err.message}"
@@ -166,6 +190,9 @@ def parse(config: dict, *, source: str = "config", required: tuple[str, ...] | N
     if unknown:
         raise StudyError(f"{source}: workflow.models: {unknown[0]!r} is not a key of models "
                          f"({', '.join(study.models)})")
+    for key, entry in study.models.items():  # a bundled model's options, run or not: they are bounded
+        if str(entry.spec).startswith("bundled:"):
+            _checked(source, lambda: check_model_spec(key, entry.spec))
     if check_runs and "train" in config:
         for model in study.run_models:  # a run's settings: its model's and its method's overrides
             _checked(source, lambda: check_model_spec(model, study.models[model].spec))

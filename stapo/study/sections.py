@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from stapo.study import names
 from stapo.core.errors import UserError
 from stapo.core.fields import option
+from stapo.core.limits import MAX_KEY_CHARS
 from stapo.models import check_spec
 from stapo.study.evaluation import EvalSection
 from stapo.study.methods import METHODS as DECLARED_METHODS, Family
@@ -19,10 +20,12 @@ from stapo.study.train import TrainSettings, train_settings
 
 __all__ = ["StudyError", "ModelEntry", "WorkflowSection", "Plan", "Study", "split_run", "KEY_PATTERN", "KEY_RULE"]
 
-# a key that names a directory (runs/<model>/<method>/, scores/...)
-KEY_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
-KEY_RULE = ("a key names a directory (runs/<model>/<method>/, scores/...): letters, digits, _ . -, not starting "
-            "with a dot, so never . or ..")
+# a key that names a directory (runs/<model>/<method>/, scores/...). The whole key must match: Python's `$` also
+# matches before a trailing newline ("grpo\n" passed), so the pattern ends at `$(?!\n)`, the end of the text for
+# both Python's re (the study check, snakemake's validate) and ECMA-262 (other readers of the JSON schema).
+KEY_PATTERN = f"^[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_KEY_CHARS - 1}}}$(?!\n)"
+KEY_RULE = (f"a key names a directory (runs/<model>/<method>/, scores/...): 1 to {MAX_KEY_CHARS} letters, digits, "
+            "_ . -, not starting with a dot, so never . or ..")
 
 
 class StudyError(UserError, ValueError):
@@ -105,7 +108,7 @@ class WorkflowSection:
     checkpoints: list[str] = option(
         help="checkpoints that get the full evaluation (every benchmark x setting): final or checkpoint-N",
         default_factory=lambda: ["final"], minItems=1,
-        items={"type": "string", "pattern": "^(final|checkpoint-[0-9]+)$"})
+        items={"type": "string", "pattern": "^(final|checkpoint-[0-9]{1,18})$(?!\\n)"})
     eval_every: int | None = option(
         None, "evaluate a checkpoint every N training (rollout) steps below train.max_steps on curve_benchmark "
         "(paper Figure 1: 20), from the run's evaluation snapshots (train.snapshot_steps); final is the curve's last "

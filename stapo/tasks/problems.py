@@ -19,12 +19,13 @@ function, :func:`build_prompt`; only the join between problem and instruction di
 
 from __future__ import annotations
 
-import json
+import io
 import logging
 import random
 from pathlib import Path
 
 from stapo.core.fields import Choice, check_keys
+from stapo.core import bounded, limits
 from stapo.core.jsonl import JsonlError, jsonl_records
 
 __all__ = ["PROMPT_SUFFIX", "EvalProtocol", "DEFAULT_EVAL_PROTOCOL", "TrainPrompt", "build_prompt",
@@ -210,12 +211,15 @@ def read_rows(path: str | Path) -> list[dict]:
             raise DatasetError(str(err)) from None
         return [_check_row(r.row, f"{path}:{r.line}") for r in records]
     if path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = bounded.load_json(path, limits.MAX_DATA_BYTES, "a data file")
+        if not isinstance(data, list):
+            raise DatasetError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
         return [_check_row(obj, f"{path}: row {i}") for i, obj in enumerate(data)]
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return [_check_row(obj, f"{path}: row {i}") for i, obj in enumerate(pq.read_table(path).to_pylist())]
+        data = io.BytesIO(bounded.read_bytes(path, limits.MAX_DATA_BYTES, "a data file"))
+        return [_check_row(obj, f"{path}: row {i}") for i, obj in enumerate(pq.read_table(data).to_pylist())]
     raise DatasetError(f"train.dataset.path: unsupported file type {path.suffix!r} (use .jsonl, .json or .parquet)")
 
 

@@ -139,4 +139,4 @@ class MetricsJsonl(TrainerCallback):
         row["step_seconds"] = self._seconds
         row.update(step_cost.cost_fields(logs, self._seconds, args.world_size, self.device, self.peak_tflops,
                                          self._memory))
-        append_line(self.path, json.dumps(row))
+        append_line(self.path, json.dumps(row), inside=self.path.parent)

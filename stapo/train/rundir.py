@@ -48,8 +48,8 @@ from pathlib import Path
 import yaml
 from transformers import TrainerCallback
 
-from stapo.core import manifest
-from stapo.core.atomic import atomic_write
+from stapo.core import bounded, limits, manifest
+from stapo.core.atomic import atomic_write, guard
 from stapo.train.diagnostics import TokenDiagnostics
 from stapo.core.errors import UserError
 from stapo.core.jsonl import JsonlError, jsonl_records
@@ -252,7 +252,7 @@ def trim_jsonl(path: Path, step: int) -> None:
     """
     if not path.exists():
         return
-    data = path.read_bytes()
+    data = bounded.read_bytes(path, limits.MAX_LOG_BYTES, "a training log")
     try:
         records = jsonl_records(path, appended=True, data=data)
     except JsonlError as err:
@@ -263,7 +263,7 @@ def trim_jsonl(path: Path, step: int) -> None:
                     step)
     new = "".join(line + "\n" for line in kept)
     if new.encode("utf-8") != data:
-        atomic_write(path, new)
+        atomic_write(path, new, inside=path.parent)
 
 
 def _clean_after(out: Path, resume: Path | None, damaged: dict[Path, list[str]]) -> None:
@@ -374,7 +374,7 @@ def claim(out: str | os.PathLike, resolved: dict, *, restart: bool = False) -> N
     ckpts = [p for _, p in checkpoints(out)]
     has_progress = bool(ckpts) or (out / "final").exists()
     if path.is_file() and has_progress:
-        started = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        started = bounded.load_yaml(path, limits.MAX_JSON_BYTES, "a run's config.yaml") or {}
         last = checkpoint_step(ckpts[-1]) if ckpts else 0
         changes = config_changes(started, now, last_step=last)
         if changes and not restart:
@@ -387,7 +387,7 @@ def claim(out: str | os.PathLike, resolved: dict, *, restart: bool = False) -> N
     elif has_progress:
         log.warning("%s: no %s (run started by an older stapo); recording the current config", out, CONFIG)
     if state.is_main_process:
-        atomic_write(path, yaml.safe_dump(now, sort_keys=False))
+        atomic_write(path, yaml.safe_dump(now, sort_keys=False), inside=out)
     state.wait_for_everyone()
 
 
@@ -416,7 +416,7 @@ def final_problems(final: Path, max_steps: int | None = None) -> list[str]:
     """What makes ``final`` not a complete final model (of ``max_steps``, when given); [] when it is."""
     if (final / FINAL_COMPLETE).is_file():
         found = problems(final, FINAL_COMPLETE)
-        step = None if found else json.loads((final / FINAL_COMPLETE).read_text(encoding="utf-8")).get("step")
+        step = None if found else bounded.load_json(final / FINAL_COMPLETE, what="a manifest").get("step")
         if not found and max_steps is not None and step != max_steps:
             found = [f"written at step {step}, the config trains to {max_steps}"]
         return found
@@ -438,6 +438,7 @@ def _publish_final(tmp: Path, out: Path, step: int) -> Path:
     """Manifest into the temporary dir, then one rename onto DIR/final."""
     final = out / "final"
     _write_manifest(tmp, FINAL_COMPLETE, step)
+    guard(final, inside=out)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -483,7 +484,7 @@ def leave_to_continue(out: Path, step: int, signal_name: str, max_steps: int):
     """The job leaves with checkpoint-<step> complete: rank 0 writes DIR/stapo.continue (what the train rule reads to
     requeue the job: stapo.train.continuation), and every rank raises :class:`Continuation` (exit status 75)."""
     if process_state().is_main_process:
-        atomic_write(out / CONTINUE_MARK, json.dumps({"step": step, "signal": signal_name}) + "\n")
+        atomic_write(out / CONTINUE_MARK, json.dumps({"step": step, "signal": signal_name}) + "\n", inside=out)
     process_state().wait_for_everyone()
     raise Continuation(f"{out}: left at step {step} of {max_steps} ({signal_name}): checkpoint-{step} saved; run the "
                        f"same command again to continue (exit status {EXIT_CONTINUE})")

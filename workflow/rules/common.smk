@@ -18,14 +18,39 @@ from stapo.core import launch as stapo_launch
 from stapo.core import leave as stapo_leave
 from stapo import study as stapo_study  # not `parse` itself: the Snakefile namespace has its own
 
-# The config files that make the study: with --configfile, the first is the study and later ones overlay it
-# (Snakefile); without, configs/paper.yaml. Named in every config error.
-SOURCE = "config (" + (", ".join(map(str, workflow.overwrite_configfiles)) or PAPER_STUDY) + ")"
-
-
 def config_error(err):
     """One line on stderr and exit status 1: the bad key, not a schema dump or a traceback."""
     sys.exit(f"stapo config error: {err}")
+
+
+def study_files():
+    """The files of ``--config study_file=FILE`` (or ``[FILE,OVERLAY,...]``), or [] without it."""
+    files = config.get("study_file")
+    if files is None:
+        return []
+    if workflow.overwrite_configfiles:
+        config_error("give the study once: --config study_file=FILE or --configfile FILE, not both")
+    return [files] if isinstance(files, str) else files
+
+
+def load_study_files(files):
+    """``config`` becomes the study of ``files`` (stapo.study.load_files: each raw file read bounded, nesting
+    and duplicate keys refused), with any other ``--config`` key=value over it, as Snakemake would lay them."""
+    overrides = {k: v for k, v in config.items() if k != "study_file"}
+    try:
+        study = stapo_study.load_files(files)
+    except stapo_study.StudyError as err:
+        config_error(err)
+    config.clear()
+    config.update(stapo_study.overlay(study, overrides))
+
+
+# The config files that make the study: --config study_file=... (read here), else --configfile's (the first is the
+# study, later ones overlay it: Snakefile), else configs/paper.yaml. Named in every config error.
+STUDY_FILES = study_files()
+if STUDY_FILES:
+    load_study_files(STUDY_FILES)
+SOURCE = "config (" + (", ".join(map(str, STUDY_FILES or workflow.overwrite_configfiles)) or PAPER_STUDY) + ")"
 
 
 def check_profile_variables():
@@ -242,7 +267,8 @@ def requeue_on_leave(wildcards):
     (the marker runs/<model>/<run>/stapo.continue, stapo.core.leave; removed before each attempt), so the job of the
     same id reruns and continues the run; anything else stays a failure (the profile's retries). Elsewhere nothing:
     the job fails with exit status 75, rerun to continue. Snakemake starts each job with an empty log: the log of a
-    job that left is kept as <log>.<k> (k = 1, 2, ...: the first free number)."""
+    job that left is kept as <log>.<k> (k = 1, 2, ...: the first free number; created anew under the rule's set -C,
+    never through a link)."""
     if getattr(workflow.executor_plugin, "name", None) != "slurm" and not os.environ.get("SLURM_JOB_ID"):
         return ""
     mark = shlex.quote(f"runs/{wildcards.model}/{wildcards.run}/{stapo_leave.CONTINUE_MARK}")
@@ -250,7 +276,7 @@ def requeue_on_leave(wildcards):
     q = shlex.quote(log)
     return (f' || {{ rc=$?; if [ -e {mark} ] && [ -n "${{SLURM_JOB_ID:-}}" ]; then'
             f' echo "stapo: requeueing SLURM job $SLURM_JOB_ID to continue the run" >> {q};'
-            f' k=1; while [ -e {q}."$k" ]; do k=$((k + 1)); done; cp {q} {q}."$k";'
+            f' k=1; while [ -e {q}."$k" ]; do k=$((k + 1)); done; cat {q} > {q}."$k";'
             ' scontrol requeue "$SLURM_JOB_ID"; fi; exit "$rc"; }')
 
 

@@ -29,6 +29,7 @@ rule evaluate:
         runtime=lambda wildcards: model_opt(wildcards.model, "eval_runtime"),
     conda:
         "../envs/stapo.yaml"
+    # set -C (noclobber): the log is created anew (Snakemake removed the old one), never written through a link
     shell:
-        "stapo eval --model {params.model:q} --benchmark {wildcards.benchmark:q} --setting {wildcards.setting:q}"
+        "set -C; stapo eval --model {params.model:q} --benchmark {wildcards.benchmark:q} --setting {wildcards.setting:q}"
         " --out {output.samples:q} --recipe {input.recipe:q} {params.options} > {log:q} 2>&1"

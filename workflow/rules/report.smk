@@ -33,6 +33,7 @@ rule report:
         runtime=15,
     conda:
         "../envs/stapo.yaml"
+    # set -C (noclobber): the log is created anew (Snakemake removed the old one), never written through a link
     shell:
-        "stapo report --scores {params.scores:q} --runs {params.runs:q} --out {params.out:q}"
+        "set -C; stapo report --scores {params.scores:q} --runs {params.runs:q} --out {params.out:q}"
         " --config {input.study:q} > {log:q} 2>&1"

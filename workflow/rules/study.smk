@@ -13,7 +13,7 @@ rule recipe:
     run:
         if output[0] not in RECIPES:
             raise ValueError(f"{output[0]}: not a recipe of this study's config")
-        atomic_write(output[0], RECIPES[output[0]])
+        atomic_write(output[0], RECIPES[output[0]], inside="results")
 
 
 rule study_file:

@@ -36,9 +36,11 @@ rule train:
         slurm_extra=train_slurm_extra,
     conda:
         "../envs/stapo.yaml"
+    # set -C (noclobber): the log is created anew (Snakemake removed the old one), never written through a link
     shell:
-        "rm -f {params.run_dir:q}/stapo.continue && {params.launcher} train --recipe {input.recipe:q} --model {wildcards.model:q}"
-        " --method {params.method:q}{params.seed} --out {params.run_dir:q} > {log:q} 2>&1{params.requeue}{params.prune}"
+        "set -C; rm -f {params.run_dir:q}/stapo.continue && {params.launcher} train --recipe {input.recipe:q}"
+        " --model {wildcards.model:q} --method {params.method:q}{params.seed} --out {params.run_dir:q} > {log:q} 2>&1"
+        "{params.requeue}{params.prune}"
 
 
 # A model of several nodes (models.<key>.nodes > 1, SLURM only): the same job as one srun step per node
@@ -79,6 +81,6 @@ rule snapshot:
     conda:
         "../envs/stapo.yaml"
     shell:
-        "if [ ! -d {params.written:q} ]; then echo 'no evaluation snapshot {params.written}: the run wrote none at"
+        "set -C; if [ ! -d {params.written:q} ]; then echo 'no evaluation snapshot {params.written}: the run wrote none at"
         " this step (its train.snapshot_steps) or it was already evaluated and deleted; retrain (STAPO_RESTART=1) or"
         " set workflow.keep_snapshots: true' | tee {log:q} >&2; exit 1; fi; mkdir -p \"$(dirname {output:q})\" && mv {params.written:q} {output:q} 2> {log:q}"
