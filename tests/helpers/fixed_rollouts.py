@@ -48,9 +48,10 @@ from stapo.train.trainer import StapoGRPOTrainer  # noqa: E402
 
 
 def fixed_completions(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-    # keyed by the optimiser step the rollout starts at (not by a count of calls, which restarts at 1 in a resumed
-    # process): a resumed run generates what the uninterrupted one did at the same step
-    rollout = self.state.global_step
+    # keyed by the optimiser step the rollout starts at, + 1 (not by a count of calls, which restarts at 1 in a
+    # resumed process): a resumed run generates what the uninterrupted one did at the same step. The + 1 keeps the
+    # completions every other test was written against (call n = step n - 1 + 1 with one generation per step).
+    rollout = self.state.global_step + 1
     rank, n_local = self.accelerator.process_index, len(prompt_ids)
     out = []
     for i in range(n_local):
