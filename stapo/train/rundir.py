@@ -125,14 +125,19 @@ def _on_main(compute):
     return result[0]
 
 
-def checkpoints(out: str | os.PathLike) -> list[tuple[int, Path]]:
-    """(step, path) of every ``checkpoint-<N>`` directory, oldest first."""
+def _numbered(out: str | os.PathLike, prefix: str) -> list[tuple[int, Path]]:
+    """(step, path) of every ``<prefix><N>`` directory in ``out``, oldest first."""
     found = []
-    for path in Path(out).glob("checkpoint-*"):
-        suffix = path.name[len("checkpoint-"):]
+    for path in Path(out).glob(f"{prefix}*"):
+        suffix = path.name[len(prefix):]
         if path.is_dir() and suffix.isdigit():
             found.append((int(suffix), path))
     return sorted(found)
+
+
+def checkpoints(out: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, path) of every ``checkpoint-<N>`` directory, oldest first."""
+    return _numbered(out, "checkpoint-")
 
 
 def checkpoint_step(ckpt: Path) -> int:
@@ -190,12 +195,7 @@ def rotate_checkpoints(out: Path, keep: int) -> list[Path]:
 
 def snapshots(out: str | os.PathLike) -> list[tuple[int, Path]]:
     """(step, path) of every ``snapshot-<N>`` directory, oldest first."""
-    found = []
-    for path in Path(out).glob("snapshot-*"):
-        suffix = path.name[len("snapshot-"):]
-        if path.is_dir() and suffix.isdigit():
-            found.append((int(suffix), path))
-    return sorted(found)
+    return _numbered(out, "snapshot-")
 
 
 class Snapshots(TrainerCallback):
