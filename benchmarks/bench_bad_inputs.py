@@ -338,7 +338,9 @@ def hold_in_background(fn: str, path: Path) -> subprocess.Popen:
 
 
 T = ("train", "--model", MODEL, "--method", METHOD)
-E = ("eval", "--model", "bundled:tiny-qwen3", "--benchmark", "aime24", "--setting", "t1.0_p1.0", "--backend", "hf")
+# CPU-sized (hf, one short sample): the paper's sizes without a GPU are a case of their own, refused first
+E = ("eval", "--model", "bundled:tiny-qwen3", "--benchmark", "aime24", "--setting", "t1.0_p1.0", "--backend", "hf",
+     "--samples", "1", "--max-new-tokens", "8")
 OUT = ("--out", "{work}/o/aime24.jsonl")
 
 R = ("report", "--scores")
@@ -514,7 +516,7 @@ CASES = [
     Case("eval: corrupt generation cache", "stapo", (*E, "--out", "{work}/cache/o.jsonl"),
          ("generation cache {work}/cache/o.jsonl.cache.sqlite",)),
     Case("eval: damaged final/ (same-size bit flip)", "stapo",
-         ("eval", "--model", "{work}/run/final", "--benchmark", "aime24", "--setting", "t1.0_p1.0", *OUT),
+         ("eval", "--model", "{work}/run/final", "--benchmark", "aime24", "--setting", "t1.0_p1.0", *E[7:], *OUT),
          ("{work}/run/final", "model.safetensors content differs", "final.damaged-")),
     Case("eval: output in use", "stapo", (*E, "--out", "{work}/busy_eval/aime24.jsonl"),
          ("evaluation output {work}/busy_eval/aime24.jsonl is in use by PID",)),

