@@ -227,14 +227,50 @@ def alternatives(names):
     return "|".join(map(re.escape, names)) if names else "(?!)"
 
 
+def one_node():
+    """Whether this run executes jobs on the machine it was started on (no cluster executor: `--cores N` alone or
+    the local profile; also their dry runs). A model declared for several nodes then trains on this one node."""
+    return getattr(workflow.executor_plugin, "name", None) == "local"
+
+
+def train_topology(model):
+    """(GPUs per node, nodes) of one training job as it runs here: the model's own, or its GPUs on one node when
+    no cluster executor runs the jobs (:func:`one_node`); the first such job of a model says so in one line."""
+    entry = STUDY.models[model]
+    if entry.nodes == 1 or not one_node():
+        return entry.gpus, entry.nodes
+    if model not in ONE_NODE_SAID:
+        ONE_NODE_SAID.add(model)
+        print(one_node_line(model, entry), file=sys.stderr)
+    return entry.gpus, 1
+
+
+ONE_NODE_SAID = set()
+
+
+def one_node_line(model, entry):
+    """What a multi-node model does on one node: the same global batch, its processes' share by accumulation."""
+    settings = STUDY.train_settings(model)
+    try:
+        more = (stapo_study.accumulation(settings, entry.gpus)[0]
+                // stapo_study.accumulation(settings, entry.gpus * entry.nodes)[0])
+        how = f"{more}x the gradient accumulation"
+    except (ValueError, ZeroDivisionError):
+        how = "more gradient accumulation"
+    return (f"stapo: models.{model}.nodes = {entry.nodes}, but no cluster profile: it trains on this one node's "
+            f"{entry.gpus} GPU(s) with the same global batch ({settings.prompts_per_step} prompts x "
+            f"{settings.num_generations} rollouts per optimiser step), {how}; --profile workflow/profiles/slurm "
+            f"runs it on {entry.nodes} nodes")
+
+
 def train_gpus(wildcards):
     """GPUs of the whole training job, all nodes (the SLURM plugin's --gpus; the local profile's `gpu` budget)."""
-    entry = STUDY.models[wildcards.model]
-    return entry.gpus * entry.nodes
+    gpus, nodes = train_topology(wildcards.model)
+    return gpus * nodes
 
 
 def train_nodes(wildcards):
-    return STUDY.models[wildcards.model].nodes
+    return train_topology(wildcards.model)[1]
 
 
 def eval_gpus(wildcards):
@@ -243,14 +279,12 @@ def eval_gpus(wildcards):
 
 def train_launcher(wildcards):
     """`stapo` on one device; `accelerate launch` (its accelerate config: FSDP2 or DeepSpeed) on several GPUs; on
-    several nodes srun + one `accelerate launch --num_machines N` per node (stapo.core.launch), under SLURM only."""
+    several nodes srun + one `accelerate launch --num_machines N` per node (stapo.core.launch), under a cluster
+    executor; without one, a multi-node model's job runs on this node (:func:`train_topology`)."""
     entry = STUDY.models[wildcards.model]
-    executor = getattr(workflow.executor_plugin, "name", None)
-    if entry.nodes > 1 and executor == "local":
-        config_error(f"models.{wildcards.model}.nodes = {entry.nodes}: a multi-node training job runs under the "
-                     "SLURM profile (--profile workflow/profiles/slurm); the local profile runs one node (nodes: 1)")
+    gpus, nodes = train_topology(wildcards.model)
     config = repo_path(entry.accelerate_config) if entry.accelerate_config else None
-    return stapo_launch.train_launcher(entry.gpus, entry.nodes, config)
+    return stapo_launch.train_launcher(gpus, nodes, config)
 
 
 def prune_checkpoints(wildcards):
