@@ -171,7 +171,7 @@ def test_identical_curves_are_named_in_the_legend_and_the_index(tmp_path):
     from stapo.report.figures import draw_figure
 
     fig = draw_figure("entropy", "m", [], metrics, list(METHODS))
-    assert "STAPO (= JustRL, drawn over it)" in fig.axes[0].get_legend_handles_labels()[1]
+    assert "STAPO (same values as JustRL, drawn over it)" in fig.axes[0].get_legend_handles_labels()[1]
 
 
 def test_several_seeds_diagnostics_and_examples_are_found(tmp_path):

@@ -86,7 +86,8 @@ def time_breakdown(metrics: dict, model: str, runs: list[str]) -> Panel:
     series = tuple(Series(run_part, tuple(costs), tuple(c["per_rollout_step"][key] for c in costs.values()),
                           variant=key, points=tuple(costs)) for key, run_part in PARTS.items()) if costs else ()
     missing = None if costs else "no run of this model logged step timings (metrics.jsonl cost fields)"
-    return Panel("time_breakdown", series, "seconds per training step (rollout batch)", None, missing=missing)
+    return Panel("time_breakdown", series, "wall seconds per training step (rollout batch), under the machine's "
+                 "load", None, missing=missing)
 
 
 def _run_label(study, run: str) -> str:
@@ -110,7 +111,7 @@ def _draw(panel: Panel, model: str, study):
     ax.invert_yaxis()
     ax.set_xlabel(panel.xlabel)
     ax.margins(x=0.05, y=0.3)
-    ax.set_title(f"{study.label('models', model)}: time per training step", fontsize=10)
+    ax.set_title(f"{study.label('models', model)}: wall time per training step (not load-normalised)", fontsize=9)
     fig.legend(*ax.get_legend_handles_labels(), fontsize=7, frameon=False, loc="lower center", ncol=3)
     fig.tight_layout(rect=(0, 0.08, 1, 1))  # the legend below the axis
     return fig
@@ -127,7 +128,8 @@ def _model_breakdown(model: str, inputs) -> Panel:
 
 register_figure(FigureKind(
     "time_breakdown", _model_breakdown, lambda panel, model, inputs: _draw(panel, model, inputs.study),
-    "the paper's 5–7 days per run on 64 GPUs (its cost)", "Seconds per training step (rollout batch) of each run, "
-    "split into generation, the π_old / reference forward and the update (metrics.jsonl; stapo.train.step_cost). "
-    "Table: "
-    "[cost.md](cost.md).", GROUPS[6]))
+    "the paper's 5–7 days per run on 64 GPUs (its cost)", "Wall seconds per training step (rollout batch) of each "
+    "run, split into generation, the π_old / reference forward and the update (metrics.jsonl; "
+    "stapo.train.step_cost). Wall time under whatever else the machine ran: runs that shared their CPUs or GPUs "
+    "with other jobs (make demo runs two at a time on 2 cores) are slower for that, not for their method; compare "
+    "methods only between runs made alone on the same machine. Table: [cost.md](cost.md).", GROUPS[6]))

@@ -34,12 +34,12 @@ from stapo import study as stapo_study
 from stapo.report.kinds import GROUPS, FIGURES, FigureInputs, FigureKind, register_figure
 from stapo.study.methods import Family
 
-__all__ = ["FIGURE_KINDS", "Series", "Panel", "figure_series", "draw_figure", "mark_identical", "STEP_LABEL",
-           "settings_order", "curve_benchmark"]
+__all__ = ["FIGURE_KINDS", "Series", "Panel", "figure_series", "draw_figure", "mark_identical", "twin_label",
+           "STEP_LABEL", "SMALL_N", "settings_order", "curve_benchmark"]
 
 STEP_LABEL = "training step (rollout batches)"
 METRIC_PANELS = {"entropy": ("entropy_mean", "mean token entropy (nats)"),
-                 "reward": ("reward_mean", "training reward (mean)"),
+                 "reward": ("reward_mean", "training reward (mean of ±1 over the step's rollouts)"),
                  "silenced": ("silenced_fraction", "silenced-token fraction")}
 QUADRANT_LABELS = {"lowp_lowh": "low p\nlow H\n(S2T)", "lowp_highh": "low p\nhigh H", "highp_lowh": "high p\nlow H",
                    "highp_highh": "high p\nhigh H"}
@@ -104,6 +104,15 @@ class Panel:
             which = "" if len(hidden) == len(mine) else f" ({', '.join(map(str, hidden))})"
             out.append(f"{label(method)}{which} is identical to {label(twin)} (drawn over it, so only one line shows)")
         return out
+
+
+def twin_label(text: str, twin: str) -> str:
+    """The legend entry of a series drawn over an identical earlier one: two methods, one visible line (issue 42:
+    "JustRL (= 20-Entropy)" read as if the two were one method)."""
+    return f"{text} (same values as {twin}, drawn over it)"
+
+
+SMALL_N = 10  # a quadrant bar over fewer tokens is drawn hatched and pale: its mean is noise
 
 
 def mark_identical(series: list[Series]) -> tuple[Series, ...]:
@@ -298,7 +307,7 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
     def label(what: str, key: str, series: Series | None = None) -> str:  # a hidden twin is named in the legend
         text = study.label(what, key)
         if series is not None and series.same_as:
-            text += f" (= {study.label(what, series.same_as)}, drawn over it)"
+            text = twin_label(text, study.label(what, series.same_as))
         return text
 
     group = _family_styles(panel, study)
@@ -324,7 +333,13 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
         for j, s in enumerate(panel.series):
             xs = [i + (j - (len(panel.series) - 1) / 2) * width for i in range(len(s.steps))]
             bars = ax.bar(xs, s.values, width=width, label=label("methods", s.method))
+            for bar, n in zip(bars, s.counts):
+                if 0 < n < SMALL_N:  # a mean over a handful of tokens: marked, so it is not read as a finding
+                    bar.set_alpha(0.35)
+                    bar.set_hatch("///")
             ax.bar_label(bars, [f"n={int(n)}" for n in s.counts], fontsize=6, padding=1)
+        if any(0 < n < SMALL_N for s in panel.series for n in s.counts):
+            ax.bar([0], [0], color="white", edgecolor="grey", hatch="///", label=f"hatched: n < {SMALL_N} tokens")
         ax.set_xticks(range(len(QUADRANT_LABELS)), list(QUADRANT_LABELS.values()), fontsize=7)
     else:  # entropy_quantiles: colour = method, line style = quantile
         colours = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(s.method for s in panel.series))}
@@ -337,9 +352,11 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
         if panel.series:  # the line styles, once, in grey
             for style, text in (("-", "median"), ("--", "25 / 75 %"), (":", "10 / 90 %")):
                 ax.plot([], [], style, color="grey", lw=0.9, label=text)
-            low, high = ax.get_ylim()
-            ax.set_ylim(low, high + 0.3 * (high - low))  # room for the legend above the 90 % curve
-    if kind in METRIC_PANELS or kind == "entropy_quantiles" or (kind == "accuracy" and panel.xlabel is not None):
+            logged = sorted({x for s in panel.series for x in s.steps})
+            if len(logged) <= 12:  # a tick at each logged step, none where nothing was logged
+                ax.set_xticks(logged)
+    if kind in METRIC_PANELS or (kind == "accuracy" and panel.xlabel is not None) or (
+            kind == "entropy_quantiles" and len({x for s in panel.series for x in s.steps}) > 12):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if panel.xlabel is not None:
         ax.set_xlabel(panel.xlabel)
@@ -388,11 +405,14 @@ def draw_figure(kind: str, model: str, scores: list, metrics: dict, methods: lis
     _draw(ax, panel, methods, study)
     if not panel.series:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+    elif kind == "entropy_quantiles":  # beside the axes: above the curves it hid the top tick and a line
+        ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.set_size_inches(7.0, 3.6)
     elif ax.get_legend_handles_labels()[0]:
-        above = kind in ("quadrants", "entropy_quantiles")  # these panels leave room for the legend at the top
+        above = kind == "quadrants"  # this panel leaves room for the legend at the top
         many = len(ax.get_legend_handles_labels()[0]) > 8  # verl's and TRL's methods beside the paper's
         ax.legend(fontsize=5 if many else 7, frameon=False, loc="upper right" if above else "best",
-                  ncol=4 if kind == "entropy_quantiles" else 2 if many else 1)
+                  ncol=2 if many else 1)
     ax.set_title(f"{study.label('models', model)}: {kind}", fontsize=10)
     fig.tight_layout()
     return fig
@@ -413,7 +433,11 @@ def _declare(key: str, series, reproduces: str, caption: str) -> None:
 _declare("entropy", lambda model, i: _metric_series("entropy", i.metrics, model, i.methods), "Fig. 1a, training curves",
          "Mean token entropy vs training step, every method (several seeds: their mean, shaded: their range).")
 _declare("reward", lambda model, i: _metric_series("reward", i.metrics, model, i.methods), "training curves",
-         "Training reward (mean) vs training step, every method (several seeds: their mean, shaded: their range).")
+         "Training reward (mean of the ±1 strict rewards over the step's own rollouts) vs training step, every method "
+         "(several seeds: their mean, shaded: their range). Each step samples new prompts at T 1.0, so the curve "
+         "moves with how hard that step's few prompts are: with a handful of prompts per step it can fall while the "
+         "accuracy on the fixed benchmark rises. The trend over many steps is the signal; the table's accuracy is "
+         "the held-out measure.")
 _declare("accuracy", lambda model, i: _accuracy_series(i.scores, i.metrics, model, i.methods, i.study),
          "AIME24 vs step", "Accuracy vs training step on the curve benchmark, per method and sampling setting; step 0 "
          "is the base model (several seeds: their mean, shaded: its 95 % CI over seeds and problems).")
@@ -421,9 +445,10 @@ _declare("silenced", lambda model, i: _metric_series("silenced", i.metrics, mode
          "Silenced-token fraction vs step (log scale, positive values only; the 1e-4 line is the paper's typical "
          "level).")
 _declare("quadrants", lambda model, i: _quadrant_series(i.diagnostics, model, i.methods), "gradient norm per quadrant",
-         "Mean closed-form ‖∇ₐJ‖ of positive-advantage tokens per probability × entropy quadrant (needs "
-         "train.diagnostics_every > 0).")
+         "Mean closed-form ‖∇ₐJ‖ of positive-advantage tokens per probability × entropy quadrant, n = the tokens "
+         f"behind each bar; a bar over fewer than {SMALL_N} tokens is hatched and pale (its mean is noise). Needs "
+         "train.diagnostics_every > 0.")
 _declare("entropy_quantiles", lambda model, i: _quantile_series(i.diagnostics, model, i.methods),
-         "token-entropy quantiles", "Token-entropy quantiles 10/25/50/75/90 % vs step (needs "
-         "train.diagnostics_every > 0).")
+         "token-entropy quantiles", "Token-entropy quantiles 10/25/50/75/90 % vs step, at the steps that logged "
+         "diagnostics (the ticks; needs train.diagnostics_every > 0).")
 FIGURE_KINDS = tuple(k for k, kind in FIGURES.items() if kind.group == GROUPS[0])  # always tried, per model
