@@ -602,3 +602,24 @@ def test_rows_and_curves_are_grouped_by_family(tmp_path):
     fig = draw_figure("entropy", "m", scores_, metrics, list(methods), study=study)
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert labels[-3:] == ["The paper's four (STAPO, Table 2)", "verl 0.9.1's policy losses", "TRL 1.16's loss types"]
+
+
+def test_table_says_how_many_tokens_the_s2t_mask_silenced_and_names_a_tau_p_departure(tmp_path):
+    """Issue 42: the demo's STAPO row says what its mask did (counts from metrics.jsonl's silenced_fraction ×
+    completion_tokens) and a τ_p other than the paper's is printed beside the paper's."""
+    scores, runs = _write_study(tmp_path, "smollm2-135m", ("arith",))
+    rows = [{"step": 1, "silenced_fraction": 0.01, "completion_tokens": 200.0},
+            {"step": 2, "silenced_fraction": 0.0, "completion_tokens": 150.0},
+            {"step": 3, "silenced_fraction": 0.02, "completion_tokens": 150.0}]
+    (runs / "smollm2-135m" / "stapo" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert report.silencing(rows) == (5.0, 500.0, 2, 3)
+    study = stapo_study.parse({"study": "tiny", "methods": {
+        "grpo": {"objective": "grpo"}, "entropy20": {"objective": "entropy20"}, "justrl": {"objective": "justrl"},
+        "stapo": {"objective": "stapo", "tau_p": 0.1}}}, required=(), check_runs=False)
+    report.write_report(scores, runs, tmp_path / "results", study)
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert ("S2T mask (metrics.jsonl): STAPO silenced 5 of 500 completion tokens (1.00 %) at 2 of 3 optimiser steps; "
+            "τ_p 0.1 (the paper's 0.002), q 0.75. The tokens") in table
+    assert "JustRL silenced" not in table  # only the S2T-masked methods
+    old = [{"step": 1, "silenced_fraction": 0.0}]  # a run logged before completion_tokens: steps only
+    assert report.silencing(old) == (None, None, 0, 1)

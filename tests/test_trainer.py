@@ -31,7 +31,8 @@ from helpers.shared import build_once
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ("step", "loss", "reward_mean", "accuracy", "entropy_mean", "silenced_fraction", "candidate_fraction",
-          "kept_fraction", "clip_fraction", "grad_norm", "response_length_mean", "lr", "step_seconds")
+          "kept_fraction", "clip_fraction", "grad_norm", "response_length_mean", "lr", "step_seconds",
+          "completion_tokens")
 
 
 def coin_reward(prompts=None, completions=None, **kwargs):
@@ -397,6 +398,8 @@ def test_each_method_trains_and_writes_outputs(tiny_run, method):
         assert row["response_length_mean"] <= 8 and row["entropy_mean"] > 5.0  # random init: near-uniform
         assert -1.0 <= row["reward_mean"] <= 1.0 and row["accuracy"] == pytest.approx((row["reward_mean"] + 1) / 2)
         assert 0.0 <= row["silenced_fraction"] <= row["candidate_fraction"] <= 1.0
+        silenced = row["silenced_fraction"] * row["completion_tokens"]  # the fraction's denominator: a count
+        assert row["completion_tokens"] >= 1 and silenced == pytest.approx(round(silenced), abs=1e-6)
         assert row["lr"] == pytest.approx(1e-3) and row["grad_norm"] > 0
     if method == "stapo":
         assert any(r["silenced_fraction"] > 0 for r in rows)

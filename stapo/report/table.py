@@ -256,7 +256,47 @@ def _method_recipe_note(study: stapo_study.Study) -> str:
             + "; ".join(parts) + ".")
 
 
-def _footnotes(entry: dict, model: str, study: stapo_study.Study, runs: dict | None = None) -> list[str]:
+def silencing(rows: list[dict]) -> tuple[float | None, float | None, int, int]:
+    """(silenced tokens, completion tokens, steps that silenced, steps) of one run's metrics.jsonl rows; the counts
+    are None for a run logged before ``completion_tokens`` was (its fractions alone are known)."""
+    logged = [r for r in rows if isinstance(r.get("silenced_fraction"), (int, float))]
+    steps = sum(1 for r in logged if r["silenced_fraction"] > 0)
+    if not logged or not all(isinstance(r.get("completion_tokens"), (int, float)) for r in logged):
+        return None, None, steps, len(logged)
+    return (sum(r["silenced_fraction"] * r["completion_tokens"] for r in logged),
+            sum(r["completion_tokens"] for r in logged), steps, len(logged))
+
+
+def _silencing_note(entry: dict, model: str, metrics: dict, study: stapo_study.Study) -> str | None:
+    """How many tokens each S2T-masked method (STAPO, its ablations) silenced over its run, and its τ_p and q where
+    they depart from the paper's (issue 42: a demo table whose STAPO row silenced nothing said nothing of it)."""
+    parts = []
+    for method in entry["methods"]:
+        cfg = study.methods.get(method)
+        runs = [rows for (m, run), rows in sorted(metrics.items())
+                if m == model and stapo_study.split_run(run)[0] == method]
+        if cfg is None or not str(cfg.token_mask or "").startswith("s2t") or not runs:
+            continue
+        counts = [silencing(rows) for rows in runs]
+        silenced, tokens = (sum(c[i] for c in counts) if all(c[i] is not None for c in counts) else None
+                            for i in (0, 1))
+        steps, total = sum(c[2] for c in counts), sum(c[3] for c in counts)
+        how_many = (f"{silenced:,.0f} of {tokens:,.0f} completion tokens ({100 * silenced / tokens:.2f} %)"
+                    if silenced is not None and tokens else "tokens")
+        params = []
+        for key, symbol in (("tau_p", "τ_p"), ("entropy_quantile", "q")):
+            value, paper = getattr(cfg, key), type(cfg).__dataclass_fields__[key].default
+            params.append(f"{symbol} {value:g}" + (f" (the paper's {paper:g})" if value != paper else ""))
+        parts.append(f"{study.label('methods', method)} silenced {how_many} at {steps} of {total} optimiser "
+                     f"steps{' (all seeds)' if len(runs) > 1 else ''}; {', '.join(params)}")
+    if not parts:
+        return None
+    return ("S2T mask (metrics.jsonl): " + "; ".join(parts) + ". The tokens, their context and the alternatives: "
+            "[silenced_examples.md](silenced_examples.md).")
+
+
+def _footnotes(entry: dict, model: str, study: stapo_study.Study, runs: dict | None = None,
+               metrics: dict | None = None) -> list[str]:
     benches = entry["benchmarks"]
     notes = [f"Cells: accuracy (%), avg@n over samples, {_settings_note(entry['settings'], study)}; 95 % CIs in "
              "scores.csv. Trained methods: final checkpoint; Base: the untrained model."]
@@ -282,6 +322,9 @@ def _footnotes(entry: dict, model: str, study: stapo_study.Study, runs: dict | N
     overrides = _method_recipe_note(study)
     if overrides:
         notes.append(overrides)
+    silenced = _silencing_note(entry, model, metrics or {}, study)
+    if silenced:
+        notes.append(silenced)
     missing = [BENCHMARKS[b].label for b in PAPER_BENCHMARKS if b not in benches]
     if missing or len(benches) != len(PAPER_BENCHMARKS):
         present = ", ".join(study.label("benchmarks", b) for b in benches)
@@ -297,7 +340,8 @@ def _footnotes(entry: dict, model: str, study: stapo_study.Study, runs: dict | N
     return notes
 
 
-def render_markdown(layout: dict, paper: dict, study: stapo_study.Study, runs: dict | None = None) -> str:
+def render_markdown(layout: dict, paper: dict, study: stapo_study.Study, runs: dict | None = None,
+                    metrics: dict | None = None) -> str:
     lines = [f"# STAPO reproduction — study `{study.name}`", ""]
     for model, entry in layout.items():
         benches = entry["benchmarks"]
@@ -310,7 +354,7 @@ def render_markdown(layout: dict, paper: dict, study: stapo_study.Study, runs: d
                   f"| **{name}** |" + " |" * (len(benches) + 1)
                   for name, cells in table_rows(entry, model, paper, study)]
         lines.append("")
-        lines += [f"{i}. {note}" for i, note in enumerate(_footnotes(entry, model, study, runs), 1)]
+        lines += [f"{i}. {note}" for i, note in enumerate(_footnotes(entry, model, study, runs, metrics), 1)]
         lines.append("")
     if not layout:
         lines += ["No score summaries found.", ""]
@@ -390,7 +434,7 @@ def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None 
     out_dir = Path(out_dir)
     scores, metrics, paper = load_scores(scores_dir, expected), load_metrics(runs_dir), load_paper(paper_csv)
     layout = _layout(scores, study)
-    table = render_markdown(layout, paper, study, load_run_protocols(runs_dir))
+    table = render_markdown(layout, paper, study, load_run_protocols(runs_dir), metrics)
     atomic_write(out_dir / "table.md", table, inside=out_dir)
     atomic_write(out_dir / "table.tex", render_latex(layout, paper, study), inside=out_dir)
     atomic_write(out_dir / "scores.csv", render_csv(scores, layout, paper), inside=out_dir)

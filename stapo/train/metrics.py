@@ -91,7 +91,7 @@ def accuracy_reward(reward_fn):
 LOG_FIELDS = {
     "loss": "objective_loss", "reward_mean": "reward", "reward_std": "reward_std", "accuracy": "accuracy",
     "grad_norm": "grad_norm", "response_length_mean": "completions/mean_length", "lr": "learning_rate",
-    **{k: k for k in STEP_METRICS},
+    **{k: k for k in STEP_METRICS}, "completion_tokens": "completion_tokens",
 }
 
 

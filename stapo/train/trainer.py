@@ -333,6 +333,7 @@ class StapoGRPOTrainer(GRPOTrainer):
         w, self._window = self._window.reduced(self.accelerator), None  # Σ over ranks and micro-batches
         for key, value in w.means().items():
             trl_compat.log_metric(self, key, value)
+        trl_compat.log_metric(self, "completion_tokens", float(w.tokens))  # the fractions' denominator: counts
         objective_loss, factor = self._aggregation.close(w.loss, w.normaliser, w.kept, self.accelerator.num_processes)
         if factor is not None:  # each micro-batch back-propagated S_j / c: the gradients need × c·W / K
             for p in model.parameters():
