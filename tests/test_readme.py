@@ -31,6 +31,13 @@ CHEAP = {
     "make demo": ("make -n demo", "dry run: the demo trains for ~12 min (measured by hand, README)"),
     "make demo DATA_DIR=bundled": ("make -n demo DATA_DIR=bundled", "dry run, as make demo"),
     "make test": ("make -n test", "dry run: the fast tier takes ~3 min"),
+    "make install": ("make -n install", "dry run: the test's own venv is installed"),
+    ". .venv/bin/activate": (". .venv/bin/activate && test \"$(command -v stapo)\" = \"$VIRTUAL_ENV/bin/stapo\" && "
+                             "test \"$(command -v snakemake)\" = \"$VIRTUAL_ENV/bin/snakemake\"",
+                             "as written (the checkout's .venv is the test's own venv), then where stapo and "
+                             "snakemake come from"),
+    "snakemake --cores all results/table.md": ("snakemake -n --cores all results/table.md",
+                                               "dry run: the paper's GPU study (the Snakefile's headline command)"),
     "make test-slow": ("make -n test-slow", "dry run: the slow tier takes ~15 min"),
     "make test-all": ("make -n test-all", "dry run: CI's whole run (~35 min)"),
     "make mutation": ("make -n mutation", "dry run: ~4 min of mutants, a measurement (not in CI)"),
@@ -116,11 +123,29 @@ def checkout(tmp_path):
     for name in ("Snakefile", "workflow", "configs", "benchmarks", "stapo", "Makefile", "pyproject.toml",
                  "environment.yml", "README.md"):
         (tmp_path / name).symlink_to(REPO / name)
+    (tmp_path / ".venv").symlink_to(BIN.parent)  # what `make install` builds, for the activation step
     (tmp_path / "steps.yaml").write_text("train: {max_steps: 30}\n")  # as the README describes it
     (tmp_path / "gpu_check").mkdir()  # what benchmarks/gpu_check.py writes on a GPU: a measured file of this form
     text = (REPO / "stapo" / "reference" / "throughputs.yaml").read_text(encoding="utf-8")
     (tmp_path / "gpu_check" / "throughputs.yaml").write_text(text.replace("analytic estimate", "measured"))
     return tmp_path
+
+
+def printed_block(text: str, after: str) -> str:
+    """The README's first fenced block (```...```) after the sentence ``after``: a command's printed output."""
+    start = text.index("```", text.index(after))
+    body = text.index("\n", start) + 1
+    return text[body : text.index("```", body)]
+
+
+def test_the_plan_block_is_what_stapo_plan_printed(tmp_path):
+    """The README's `stapo plan` block is stapo plan's output on configs/paper.yaml: the slow test below runs the
+    command and compares; here, that the block is a whole printout (header to the paper's scale)."""
+    block = printed_block((REPO / "README.md").read_text(encoding="utf-8"), PLAN_SENTENCE)
+    assert block.startswith("jobs: train 12, evaluate 1968, report 1") and block.rstrip().endswith("GPU-hours per run")
+
+
+PLAN_SENTENCE = "Out of the box, on configs/paper.yaml"
 
 
 def run(command: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -150,6 +175,9 @@ def test_cheap_readme_commands_run(checkout):
             assert res.returncode == 2 and "--dry-run" in res.stderr and res.stderr.count("\n") == 1, res.stderr
             continue
         assert res.returncode == 0, f"{readme}\n{res.stderr[-3000:]}"
+        if command == "stapo plan":  # what the README shows it printing is what it prints now (issue 42)
+            readme_text = (REPO / "README.md").read_text(encoding="utf-8")
+            assert res.stdout == printed_block(readme_text, PLAN_SENTENCE), res.stdout
     # the README's old form of the dry run fails: --quiet takes the target as its value without `--`
     assert run("snakemake -n --quiet rules results/table.md", checkout).returncode != 0
 
