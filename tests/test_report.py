@@ -623,3 +623,14 @@ def test_table_says_how_many_tokens_the_s2t_mask_silenced_and_names_a_tau_p_depa
     assert "JustRL silenced" not in table  # only the S2T-masked methods
     old = [{"step": 1, "silenced_fraction": 0.0}]  # a run logged before completion_tokens: steps only
     assert report.silencing(old) == (None, None, 0, 1)
+
+
+def test_each_cell_links_its_interval(tmp_path):
+    """intervals.md: the table's layout with each cell's 95 % interval (the summary's bootstrap CI; Avg combined)."""
+    scores, runs = _write_study(tmp_path, "smollm2-135m", ("arith", "aime24"))
+    report.write_report(scores, runs, tmp_path / "results", study_of("tiny"))
+    assert "[intervals.md](intervals.md)" in (tmp_path / "results" / "table.md").read_text()
+    rows = _rows((tmp_path / "results" / "intervals.md").read_text())
+    # STAPO (i = 4): arith (j = 0) 14.0 / 14.5 and aime24 (j = 1) 15.0 / 15.5, each ± 2; Avg ± sqrt(2·2²)/2
+    assert rows["STAPO"][:2] == ["13.0–17.0 (13.5–17.5)", "12.0–16.0 (12.5–16.5)"]  # columns: AIME24, Arith
+    assert rows["STAPO"][2] == "13.1–15.9 (13.6–16.4)"

@@ -17,6 +17,7 @@ Outputs (under ``--out``, each written atomically):
                  protocol (runs/<model>/<method>/config.yaml: method.loss_agg_mode, method.quantile_scope,
                  train.prompt, trl.normaliser), per method where they differ
     table.tex    the same as LaTeX (booktabs)
+    intervals.md each cell of table.md as its 95 % interval (linked from its footnotes)
     scores.csv   every evaluated cell (all checkpoints) with its 95 % CI, plus per-row averages; per cell also the
                  rule-only, verifier-corrected and lenient-fallback accuracies, truncation and no-box rates, the
                  eval.protocol and the verifier (empty: none), the rule stage, both rule stages' accuracies and the
@@ -171,6 +172,28 @@ def table_rows(entry: dict, model: str, paper: dict, study: stapo_study.Study) -
     return rows
 
 
+def interval_rows(entry: dict, study: stapo_study.Study) -> list[tuple[str, list[str]]]:
+    """``[(row label, [cell per benchmark + Avg])]``: each of our cells' 95 % interval "lo–hi", the first setting's
+    with the others' in parentheses (the score's bootstrap CI over problems; Avg: :func:`row_average`'s)."""
+    rows = []
+    for method in entry["methods"]:
+        cells = []
+        for bench in entry["benchmarks"] + ["avg"]:
+            spans = []
+            for setting in entry["settings"]:
+                if bench == "avg":
+                    got = row_average(entry["cells"], method, entry["benchmarks"], setting)
+                    lo, hi = (got[1], got[2]) if got else (None, None)
+                else:
+                    score = entry["cells"].get((method, bench, setting))
+                    lo, hi = (score.ci_lo, score.ci_hi) if score else (None, None)
+                spans.append("–" if lo is None else f"{lo:.1f}–{hi:.1f}")
+            first, *others = spans
+            cells.append(f"{first} ({', '.join(others)})" if others else first)
+        rows.append((study.label("methods", method), cells))
+    return rows
+
+
 def _verified(entry: dict) -> bool:
     """Whether any cell of this model's table was corrected by an LLM verifier."""
     return any(s.corrected_accuracy is not None for s in entry["cells"].values())
@@ -298,8 +321,9 @@ def _silencing_note(entry: dict, model: str, metrics: dict, study: stapo_study.S
 def _footnotes(entry: dict, model: str, study: stapo_study.Study, runs: dict | None = None,
                metrics: dict | None = None) -> list[str]:
     benches = entry["benchmarks"]
-    notes = [f"Cells: accuracy (%), avg@n over samples, {_settings_note(entry['settings'], study)}; 95 % CIs in "
-             "scores.csv. Trained methods: final checkpoint; Base: the untrained model."]
+    notes = [f"Cells: accuracy (%), avg@n over samples, {_settings_note(entry['settings'], study)}; each cell's 95 % "
+             "interval: [intervals.md](intervals.md) (and scores.csv). Trained methods: final checkpoint; Base: the "
+             "untrained model."]
     if _verified(entry):
         notes.append("Cells: verifier-corrected / rule-only accuracy. Verifier-corrected: the rule grade "
                      "(the rule stage below) corrected by the LLM verifier (the paper's protocol; "
@@ -359,6 +383,23 @@ def render_markdown(layout: dict, paper: dict, study: stapo_study.Study, runs: d
     if not layout:
         lines += ["No score summaries found.", ""]
     lines += ["Figures: [figures.md](figures.md) (each figure, its caption and the paper figure it reproduces).", ""]
+    return "\n".join(lines)
+
+
+def render_intervals(layout: dict, study: stapo_study.Study) -> str:
+    """intervals.md: per model, the table's cells as their 95 % intervals, same rows and columns (issue 42: a
+    miniature cell of 48 problems is ±10–15 points, and a reader should see it beside the number)."""
+    lines = [f"# 95 % intervals — study `{study.name}`", "",
+             "Each cell of [table.md](table.md) as its 95 % interval (bootstrap over problems; Avg: the benchmarks' "
+             "half-widths combined, sqrt(Σ h²)/k), the first setting's with the others in parentheses. Two cells "
+             "whose intervals overlap are not told apart by this evaluation.", ""]
+    for model, entry in layout.items():
+        benches = entry["benchmarks"]
+        lines += [f"## {study.label('models', model)}", "",
+                  "| Method | " + " | ".join(study.label("benchmarks", b) for b in benches) + " | Avg |",
+                  "|---|" + "---|" * (len(benches) + 1)]
+        lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in interval_rows(entry, study)]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -437,6 +478,7 @@ def write_report(scores_dir, runs_dir, out_dir, study: stapo_study.Study | None 
     table = render_markdown(layout, paper, study, load_run_protocols(runs_dir), metrics)
     atomic_write(out_dir / "table.md", table, inside=out_dir)
     atomic_write(out_dir / "table.tex", render_latex(layout, paper, study), inside=out_dir)
+    atomic_write(out_dir / "intervals.md", render_intervals(layout, study), inside=out_dir)
     atomic_write(out_dir / "scores.csv", render_csv(scores, layout, paper), inside=out_dir)
     models = study.workflow.models or _ordered(set(layout) | {m for m, _ in metrics} | set(study.models),
                                                list(study.models))
