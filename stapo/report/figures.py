@@ -332,7 +332,8 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
         width = 0.8 / max(1, len(panel.series))
         for j, s in enumerate(panel.series):
             xs = [i + (j - (len(panel.series) - 1) / 2) * width for i in range(len(s.steps))]
-            bars = ax.bar(xs, s.values, width=width, label=label("methods", s.method))
+            bars = ax.bar(xs, s.values, width=width, color=f"C{j}")
+            ax.bar([0], [0], width=0, color=f"C{j}", label=label("methods", s.method))  # legend: the plain colour
             for bar, n in zip(bars, s.counts):
                 if 0 < n < SMALL_N:  # a mean over a handful of tokens: marked, so it is not read as a finding
                     bar.set_alpha(0.35)
