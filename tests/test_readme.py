@@ -32,6 +32,7 @@ CHEAP = {
     "make demo DATA_DIR=bundled": ("make -n demo DATA_DIR=bundled", "dry run, as make demo"),
     "make test": ("make -n test", "dry run: the fast tier takes ~3 min"),
     "make install": ("make -n install", "dry run: the test's own venv is installed"),
+    "make lock": ("make -n lock", "dry run: it re-resolves the lock from PyPI"),
     ". .venv/bin/activate": (". .venv/bin/activate && test \"$(command -v stapo)\" = \"$VIRTUAL_ENV/bin/stapo\" && "
                              "test \"$(command -v snakemake)\" = \"$VIRTUAL_ENV/bin/snakemake\"",
                              "as written (the checkout's .venv is the test's own venv), then where stapo and "
@@ -146,8 +147,6 @@ def test_the_plan_block_is_what_stapo_plan_printed(tmp_path):
 
 
 PLAN_SENTENCE = "Out of the box, on configs/paper.yaml"
-
-
 def run(command: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, **SLURM_ENV, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -331,14 +331,14 @@ def test_a_number_left_a_string_by_snakemake_config_says_how_to_override():
 def test_method_train_overrides_reach_only_that_method():
     """methods.<key>.train is the method's recipe: over train, under models.<key>.train, for that method only."""
     config = copy.deepcopy(TINY)
-    config["methods"]["entropy20"]["train"] = {"prompts_per_generation": 4, "num_generations": 8,
+    config["methods"]["entropy20"]["train"] = {"prompts_per_generation": 4, "num_generations": 16,
                                                "max_completion_length": 32, "mini_batch": "groups"}
     config["models"][MODEL]["train"] = {"max_completion_length": 40}
     s = study.parse(config, check_runs=False)
     e20, stapo = s.plan(MODEL, "entropy20").settings, s.plan(MODEL, "stapo").settings
-    assert (e20.prompts_per_generation, e20.num_generations, e20.mini_batch) == (4, 8, "groups")
+    assert (e20.prompts_per_generation, e20.num_generations, e20.mini_batch) == (4, 16, "groups")
     assert e20.max_completion_length == 40 == stapo.max_completion_length  # the model's hardware override wins
-    assert (stapo.prompts_per_generation, stapo.num_generations, stapo.mini_batch) == (2, 4, "shuffled")
+    assert (stapo.prompts_per_generation, stapo.num_generations, stapo.mini_batch) == (2, 8, "shuffled")
     assert s.train_overrides() == {"entropy20": config["methods"]["entropy20"]["train"]}
     assert "train" not in dataclasses.asdict(s.methods["entropy20"])  # not an objective parameter
     # the optimiser steps per rollout step differ, so do the curve checkpoints' names (k = 4 / 2 = 2 vs 1)

@@ -229,7 +229,8 @@ def alternatives(names):
 
 def one_node():
     """Whether this run executes jobs on the machine it was started on (no cluster executor: `--cores N` alone or
-    the local profile; also their dry runs). A model declared for several nodes then trains on this one node."""
+    the local profile). A model declared for several nodes then trains on this one node. A dry run (Snakemake's
+    `dryrun` executor, whatever the profile) shows the cluster's job."""
     return getattr(workflow.executor_plugin, "name", None) == "local"
 
 
