@@ -39,7 +39,7 @@ __all__ = ["FIGURE_KINDS", "Series", "Panel", "figure_series", "draw_figure", "m
 
 STEP_LABEL = "training step (rollout batches)"
 METRIC_PANELS = {"entropy": ("entropy_mean", "mean token entropy (nats)"),
-                 "reward": ("reward_mean", "training reward (mean of ±1 over the step's rollouts)"),
+                 "reward": ("reward_mean", "training reward (mean ±1)"),
                  "silenced": ("silenced_fraction", "silenced-token fraction")}
 QUADRANT_LABELS = {"lowp_lowh": "low p\nlow H\n(S2T)", "lowp_highh": "low p\nhigh H", "highp_lowh": "high p\nlow H",
                    "highp_highh": "high p\nhigh H"}
@@ -312,9 +312,11 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
 
     group = _family_styles(panel, study)
     if kind in METRIC_PANELS:  # markers on short runs, so identical curves (e.g. before divergence) stay visible
-        for s in panel.series:
-            line, = ax.plot(s.steps, s.values, group[s.method][0], label=label("methods", s.method, s), lw=1.4,
-                            marker="o" if len(s.steps) <= 30 else None, ms=7 - 1.5 * (methods.index(s.method) % 4),
+        for s in panel.series:  # silenced: points only, a line would pass over the steps that silenced nothing
+            style = "none" if kind == "silenced" else group[s.method][0]
+            line, = ax.plot(s.steps, s.values, ls=style, label=label("methods", s.method, s), lw=1.4,
+                            marker="o" if len(s.steps) <= 30 or kind == "silenced" else None,
+                            ms=7 - 1.5 * (methods.index(s.method) % 4),
                             alpha=0.85)
             if s.lo:  # several seeds: the curve is their mean, the band their range
                 ax.fill_between(s.steps, s.lo, s.hi, color=line.get_color(), alpha=0.2, lw=0)
@@ -443,8 +445,8 @@ _declare("accuracy", lambda model, i: _accuracy_series(i.scores, i.metrics, mode
          "AIME24 vs step", "Accuracy vs training step on the curve benchmark, per method and sampling setting; step 0 "
          "is the base model (several seeds: their mean, shaded: its 95 % CI over seeds and problems).")
 _declare("silenced", lambda model, i: _metric_series("silenced", i.metrics, model, i.methods), "spurious-token ratio",
-         "Silenced-token fraction vs step (log scale, positive values only; the 1e-4 line is the paper's typical "
-         "level).")
+         "Silenced-token fraction vs step (log scale: the steps that silenced a token, as points; the 1e-4 line is "
+         "the paper's typical level).")
 _declare("quadrants", lambda model, i: _quadrant_series(i.diagnostics, model, i.methods), "gradient norm per quadrant",
          "Mean closed-form ‖∇ₐJ‖ of positive-advantage tokens per probability × entropy quadrant, n = the tokens "
          f"behind each bar; a bar over fewer than {SMALL_N} tokens is hatched and pale (its mean is noise). Needs "
