@@ -122,7 +122,7 @@ def test_every_readme_command_has_an_entry():
 def checkout(tmp_path):
     """A scratch checkout: the repository's files linked into tmp_path (outputs land there, not in the repo)."""
     for name in ("Snakefile", "workflow", "configs", "benchmarks", "stapo", "Makefile", "pyproject.toml",
-                 "environment.yml", "README.md"):
+                 "environment.yml", "README.md", "requirements"):
         (tmp_path / name).symlink_to(REPO / name)
     (tmp_path / ".venv").symlink_to(BIN.parent)  # what `make install` builds, for the activation step
     (tmp_path / "steps.yaml").write_text("train: {max_steps: 30}\n")  # as the README describes it
