@@ -95,7 +95,7 @@ def test_without_a_cluster_profile_a_multi_node_model_trains_on_this_node(tmp_pa
     assert said == ["stapo: models.tiny-qwen3.nodes = 2, but no cluster profile: it trains on this one node's 1 "
                     "GPU(s) with the same global batch (2 prompts x 8 rollouts per optimiser step), 2x the gradient "
                     "accumulation; --profile workflow/profiles/slurm runs it on 2 nodes"], out[-3000:]
-    assert "srun --nodes" not in out and "Shell command: stapo train --recipe" in out  # one node: `stapo`, 1 GPU
+    assert "srun --nodes" not in out and "stapo.continue && stapo train --recipe" in out  # one node: `stapo`
     trl = yaml.safe_load((tmp_path / "runs" / "tiny-qwen3" / "stapo" / "config.yaml").read_text())["trl"]
     assert (trl["num_processes"], trl["gradient_accumulation_steps"], trl["generation_batch_size"]) == (1, 2, 16)
     settings = study.read(REPO / "configs" / "tiny.yaml").train_settings("tiny-qwen3")
