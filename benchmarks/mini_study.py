@@ -57,11 +57,13 @@ def has_earlier_work(run_dir: Path) -> bool:
     return any(any((run_dir / d).glob("*")) for d in ("runs", "scores"))
 
 
-def write_docs(run_dir: Path, docs: Path, provenance: dict) -> None:
-    """Copy the study's table, seeds table, scores and figures into ``docs`` and write RUN.md."""
+def write_docs(run_dir: Path, docs: Path, provenance: dict, copied: tuple[str, ...] = COPIED,
+               what: str = "mini-study") -> None:
+    """Copy the study's ``copied`` results (table, seeds table, scores ...) and figures into ``docs`` and write
+    RUN.md (how this ``what`` was made)."""
     results = run_dir / "results"
     docs.mkdir(parents=True, exist_ok=True)
-    for name in COPIED:
+    for name in copied:
         if not (results / name).is_file():
             raise FileNotFoundError(f"{results / name} not found: the study did not write it")
         shutil.copyfile(results / name, docs / name)
@@ -72,13 +74,19 @@ def write_docs(run_dir: Path, docs: Path, provenance: dict) -> None:
     for png in sorted((results / "figures").glob("*.png")):
         shutil.copyfile(png, docs / "figures" / png.name)
     packages, weights = provenance.get("packages"), provenance.get("weights_sha256")
-    lines = ["# How this mini-study was made", "",
+    lines = [f"# How this {what} was made", "",
              f"- command: `{provenance['command']}`",
              f"- snakemake: `{provenance['snakemake']}`",
              f"- commit: `{provenance['commit']}`" + (" (with uncommitted changes)" if provenance["dirty"] else ""),
              f"- started {provenance['started']}, wall time {provenance['wall_min']:.1f} min"
              + (" (resumed: earlier invocations not counted)" if provenance["resumed"] else ""),
-             f"- machine: {provenance['cores']} CPU cores, load average at start {provenance['load']}",
+             f"- machine: {provenance['cores']} CPU cores"
+             + (f" ({provenance['cpu']})" if provenance.get("cpu") else "")
+             + f", load average at start {provenance['load']}"
+             + (f", at the end {provenance['load_end']}" if provenance.get("load_end") else ""),
+             *([f"- environment: requirements/cpu.lock sha256 `{provenance['lock_sha256']}`"]
+               if provenance.get("lock_sha256") else []),
+             *([f"- note: {provenance['note']}"] if provenance.get("note") else []),
              *([f"- packages: {', '.join(f'{k} {v}' for k, v in packages.items() if v)}"] if packages else []),
              *([f"- base model weights: {', '.join(f'{k} sha256 `{v}`' for k, v in weights.items())}"]
                if weights else []),

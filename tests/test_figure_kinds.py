@@ -60,3 +60,32 @@ def test_the_save_loop_draws_each_model_removes_a_stale_figure_and_says_why(tmp_
     entries = write_figures(tmp_path, inputs, [kind])
     assert entries == [("a_demo", "demo", "a", None, []), ("b_demo", "demo", "b", "nothing to show", [])]
     assert (tmp_path / "figures" / "a_demo.png").read_bytes()[:4] == b"\x89PNG" and not stale.exists()
+
+
+@pytest.mark.parametrize("methods, rotation", [(("grpo", "stapo"), 0), (("grpo", "entropy20", "justrl", "stapo"), 90)])
+def test_quadrant_bars_over_few_tokens_are_hatched_and_crowded_counts_turned(methods, rotation):
+    """A quadrant bar over fewer than SMALL_N tokens is hatched and pale (a mean of a handful of tokens is noise),
+    the others plain; a bar's token count is its label, turned upright when 3+ methods crowd each quadrant (the
+    demo's four methods printed "n=456n=471" over each other)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from stapo.report.figures import QUADRANT_LABELS, SMALL_N, _draw
+
+    counts = (0, SMALL_N - 1, SMALL_N, 400)
+    panel = Panel("quadrants", tuple(Series(m, tuple(QUADRANT_LABELS), (0.0, 0.8, 0.1, 0.2), counts=counts)
+                                     for m in methods), None, "mean ‖∇‖")
+    fig, ax = plt.subplots()
+    _draw(ax, panel, list(methods), stapo_study.default())
+    drawn = [list(c) for c in ax.containers if len(c) == 4]  # one per method; the legend's proxies are single bars
+    assert len(drawn) == len(methods)
+    for mine in drawn:
+        assert [bool(b.get_hatch()) for b in mine] == [False, True, False, False]  # n = 0: no bar to mark
+        assert [b.get_alpha() for b in mine] == [None, 0.35, None, None]
+    labels = [t for t in ax.texts if t.get_text().startswith("n=")]
+    assert [t.get_text() for t in labels[:4]] == ["n=0", f"n={SMALL_N - 1}", f"n={SMALL_N}", "n=400"]
+    assert {t.get_rotation() for t in labels} == {rotation}
+    assert f"hatched: n < {SMALL_N} tokens" in ax.get_legend_handles_labels()[1]
+    plt.close(fig)

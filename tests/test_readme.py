@@ -147,6 +147,38 @@ def test_the_plan_block_is_what_stapo_plan_printed(tmp_path):
 
 
 PLAN_SENTENCE = "Out of the box, on configs/paper.yaml"
+DEMO = REPO / "docs" / "demo"  # the recorded `make demo` (benchmarks/demo_record.py)
+DEMO_TABLE_SENTENCE = "`make demo` printed this table"
+DEMO_INTERVALS_SENTENCE = "and these 95 % intervals"
+
+
+def table_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("|")]
+
+
+def test_the_demo_table_is_the_recorded_run_rendered_now():
+    """The README's demo table and intervals are docs/demo's (the recorded `make demo`), and docs/demo's table.md and
+    intervals.md are what `stapo report` renders now from that run's scores.csv: neither the README nor the record
+    can drift from the code or from the run they came from."""
+    from stapo import study
+    from stapo.report import table
+    from stapo.report.results import load_paper, read_scores_csv
+
+    tiny = study.read(REPO / "configs" / "tiny.yaml")
+    layout = table._layout(read_scores_csv(DEMO / "scores.csv"), tiny)
+    assert list(layout) == ["smollm2-135m"] and len(layout["smollm2-135m"]["methods"]) == 5  # base + 4 methods
+    recorded = (DEMO / "table.md").read_text(encoding="utf-8")
+    assert table_lines(table.render_markdown(layout, load_paper(), tiny)) == table_lines(recorded)
+    assert table.render_intervals(layout, tiny) == (DEMO / "intervals.md").read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert table_lines(printed_block(readme, DEMO_TABLE_SENTENCE)) == table_lines(recorded)
+    assert table_lines(printed_block(readme, DEMO_INTERVALS_SENTENCE)) == table_lines(
+        (DEMO / "intervals.md").read_text(encoding="utf-8"))
+    # the record names the lock its environment was installed from, and the README names the record's lock
+    lock = re.search(r"requirements/cpu.lock sha256 `([0-9a-f]{64})`", (DEMO / "RUN.md").read_text(encoding="utf-8"))
+    assert lock and f"cpu.lock sha256 {lock[1][:12]}" in readme
+
+
 def run(command: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, **SLURM_ENV, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -109,7 +109,7 @@ def _draw(panel: Panel, model: str, study):
         left = [a + b for a, b in zip(left, s.values)]
     ax.set_yticks(range(len(runs)), [_run_label(study, r) for r in runs], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel(panel.xlabel)
+    ax.set_xlabel(panel.xlabel, fontsize=8)  # the whole label fits the figure's width
     ax.margins(x=0.05, y=0.3)
     ax.set_title(f"{study.label('models', model)}: wall time per training step (not load-normalised)", fontsize=9)
     fig.legend(*ax.get_legend_handles_labels(), fontsize=7, frameon=False, loc="lower center", ncol=3)

@@ -340,7 +340,9 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
                 if 0 < n < SMALL_N:  # a mean over a handful of tokens: marked, so it is not read as a finding
                     bar.set_alpha(0.35)
                     bar.set_hatch("///")
-            ax.bar_label(bars, [f"n={int(n)}" for n in s.counts], fontsize=6, padding=1)
+            # upright counts would overlap over bars this narrow (issue 42: "n=456n=471"): turned when crowded
+            ax.bar_label(bars, [f"n={int(n)}" for n in s.counts], fontsize=6 if len(panel.series) < 3 else 5,
+                         padding=1, rotation=0 if len(panel.series) < 3 else 90)
         if any(0 < n < SMALL_N for s in panel.series for n in s.counts):
             ax.bar([0], [0], color="white", edgecolor="grey", hatch="///", label=f"hatched: n < {SMALL_N} tokens")
         ax.set_xticks(range(len(QUADRANT_LABELS)), list(QUADRANT_LABELS.values()), fontsize=7)
@@ -366,7 +368,7 @@ def _draw(ax, panel: Panel, methods: list[str], study) -> None:
     if panel.ylabel is not None:
         ax.set_ylabel(panel.ylabel)
     if kind == "quadrants":
-        ax.margins(y=0.25)  # room for the counts and the legend above the tallest bar
+        ax.margins(y=0.25 if len(panel.series) < 3 else 0.4)  # room for the counts and the legend above the bars
     if kind == "silenced":
         ax.set_yscale("log")
         ax.axhline(SILENCED_REFERENCE, color="grey", ls=":", lw=1, label="1e-4")

@@ -29,9 +29,9 @@ from stapo.eval.scoring import DamagedScores, read_samples
 from stapo.report.seed_statistics import seed_cell
 from stapo.tasks.registry import HUB, load_rows
 
-__all__ = ["JsonlError", "JsonlRecord", "jsonl_records", "read_jsonl", "Score", "load_scores", "expected_cells",
-           "StillRunning", "load_metrics",
-           "load_paper", "load_run_protocols", "load_examples", "RUN_PROTOCOL_KEYS", "PAPER_CSV"]
+__all__ = ["JsonlError", "JsonlRecord", "jsonl_records", "read_jsonl", "Score", "load_scores", "read_scores_csv",
+           "expected_cells", "StillRunning", "load_metrics", "load_paper", "load_run_protocols", "load_examples",
+           "RUN_PROTOCOL_KEYS", "PAPER_CSV"]
 
 PAPER_CSV = Path(__file__).parents[1] / "reference" / "paper_v2_table.csv"
 
@@ -66,6 +66,25 @@ class Score:
     rule_justrl: float | None = None  # each rule stage's avg@n (None: not recorded)
     rule_harness: float | None = None
     rule_moved: int | None = None  # samples on which the two rule stages disagree
+
+
+def read_scores_csv(path: str | Path) -> list[Score]:
+    """The evaluated cells of a report's scores.csv (stapo.report.table.render_csv) as :class:`Score`s, the rows'
+    averages (benchmark ``avg``) left out: what a committed scores.csv re-renders from (the README's demo table,
+    tests/test_readme.py). Values are the file's (4 decimals)."""
+    num = lambda v: float(v) if v else None  # noqa: E731
+    with open(path, newline="", encoding="utf-8") as f:
+        return [Score(model=r["model"], method=r["method"], ckpt=r["ckpt"], benchmark=r["benchmark"],
+                      setting=r["setting"], accuracy=float(r["accuracy"]), ci_lo=float(r["ci95_lo"]),
+                      ci_hi=float(r["ci95_hi"]), n_samples=int(r["n_samples"]) if r["n_samples"] else None,
+                      problems=int(r["problems"]) if r["problems"] else None, rule_accuracy=num(r["rule_accuracy"]),
+                      corrected_accuracy=num(r["corrected_accuracy"]), fallback_accuracy=num(r["fallback_accuracy"]),
+                      truncation_rate=num(r["truncation_rate"]), no_box_rate=num(r["no_box_rate"]),
+                      protocol=r["protocol"] or None, verifier_model=r["verifier"] or None,
+                      n_seeds=int(r["n_seeds"] or 1), rule_stage=r["rule_stage"] or None,
+                      rule_justrl=num(r["rule_accuracy_justrl"]), rule_harness=num(r["rule_accuracy_harness"]),
+                      rule_moved=int(r["rule_moved_samples"]) if r["rule_moved_samples"] else None)
+                for r in csv.DictReader(f) if r["benchmark"] != "avg"]
 
 
 class StillRunning(DamagedScores):

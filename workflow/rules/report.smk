@@ -14,6 +14,7 @@ rule report:
     output:
         table=report("results/table.md", category="Table", caption="../report/table.rst"),
         tex="results/table.tex",
+        intervals="results/intervals.md",
         csv="results/scores.csv",
         examples="results/silenced_examples.md",
         index="results/figures.md",
