@@ -81,7 +81,7 @@ test-all:
 # Disk: each run's checkpoints are deleted once its final/ is written (workflow.keep_checkpoints: false).
 demo: $(STAMP)
 	@echo "make demo: trains 4 methods (4 steps of 2 prompts x 8 rollouts each) and runs 10 evaluations of SmolLM2-135M" \
-	  "on the CPU: ~14 min on 2 quiet cores before issue 42's 8 rollouts (not yet re-measured), 5.4 GB of disk at the peak," \
+	  "on the CPU: 14.1 min measured on 2 quiet cores (README, The demo's numbers), 5.4 GB of disk at the peak," \
 	  "2.1 GB left. Follow a job: tail -f logs/train/smollm2-135m/grpo.log" \
 	  "(or logs/eval/...); Snakemake reports each finished job here."
 	@start=$$(date +%s) && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,7 @@ CHEAP = {
     "make mini-study": ("make -n mini-study", "dry run: 86 min"),
     "make test-vllm": ("make -n test-vllm", "dry run: it builds a vLLM venv (~1 GB download)"),
     "make test-slurm": ("make -n test-slurm", "dry run: it needs root and installs SLURM"),
+    "pip freeze --all": ("pip freeze --all", "as written (the test's venv)"),
     "pip install --no-deps -e .": ("pip install --no-deps --dry-run --no-build-isolation -e .",
                                    "dry run: the test's own venv keeps its install"),
     "python benchmarks/gpu_check.py": ("python benchmarks/gpu_check.py", "as written; on a CPU it must stop at "
@@ -182,8 +184,9 @@ def test_the_demo_table_is_the_recorded_run_rendered_now():
 def run(command: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, **SLURM_ENV, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    start = time.monotonic()
     res = subprocess.run(command, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    print(f"rc {res.returncode}: {command}")
+    print(f"rc {res.returncode} {time.monotonic() - start:7.1f} s: {command}")  # pytest -s lists every command
     return res
 
 
