@@ -152,7 +152,8 @@ MINIATURE = "stapo train --recipe configs/tiny.yaml --model smollm2-135m --metho
 
 def check_train_needs(args: argparse.Namespace, recipe, plan) -> None:
     """What the run needs from this machine, before the run directory (and its lock) exists and before torch or
-    TRL load: vLLM for ``train.use_vllm``, a GPU for ``models.<key>.gpus`` > 0, the model itself (a hub id offline
+    TRL load: vLLM for ``train.use_vllm``, a GPU for ``models.<key>.gpus`` > 0 when launched as one process, the
+    model itself (a hub id offline
     must be in the local Hugging Face cache; a bundled model needs its package). One line each, with the fix."""
     import importlib.util
 
@@ -164,7 +165,9 @@ def check_train_needs(args: argparse.Namespace, recipe, plan) -> None:
                         "GPU stack (conda env create -f environment.yml), or set train.use_vllm: false; "
                         f"the CPU miniature: {MINIATURE}")
     gpus = recipe.models[args.model].gpus
-    if gpus > 0 and not _torch_sees_a_gpu():
+    # one process of a GPU model on a machine without one is the mistake this catches; a multi-process launch
+    # (accelerate launch, torchrun: WORLD_SIZE > 1) chose its devices itself, CPU ranks included (gloo; the tests')
+    if gpus > 0 and world_size() == 1 and not _torch_sees_a_gpu():
         raise UserError(f"{where}.gpus = {gpus}, but this machine has no GPU (torch sees none): run it on a GPU "
                         f"machine (README, Install on a GPU machine), or the CPU miniature: {MINIATURE}")
     try:

@@ -62,6 +62,20 @@ def test_train_for_gpus_on_a_machine_without_one(tmp_path, monkeypatch, capsys):
     assert not out.exists()
 
 
+def test_a_multi_process_launch_of_a_gpu_model_chose_its_devices_itself(tmp_path, monkeypatch, capsys):
+    """Under accelerate launch / torchrun (WORLD_SIZE > 1) the GPU check stands aside: the launch may run CPU ranks
+    (gloo), as the SLURM continuation test does with gpus: 2. The next need (a hub model not cached) still speaks."""
+    monkeypatch.setattr(cli, "_torch_sees_a_gpu", lambda: False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    out = tmp_path / "run"
+    line = _one_line(["train", "--recipe", str(_paper(tmp_path, use_vllm=False)), "--model", "qwen3-1.7b-base",
+                      "--method", "justrl", "--out", str(out)], capsys)
+    assert "no GPU" not in line and "is not in the local Hugging Face cache" in line
+    assert not out.exists()
+
+
 def test_train_of_a_hub_model_that_is_not_cached_while_offline(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
