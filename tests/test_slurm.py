@@ -276,7 +276,7 @@ def continued_study(tmp_path: Path, max_steps: int) -> Path:
     2 minutes (the short partition's real MaxTime) asked to leave 60 s ahead of it (at most half the job), no periodic
     checkpoint. 8 completions of 8 tokens a step: ~8 s on 2 quiet cores, after ~30 s of start-up (batch script, the
     job's Snakemake, accelerate launch, model); this SLURM sends the signal up to 30 s early (its periodic check), so
-    a job trains 2-5 rollout steps (measured) and 11 steps take >= 3 jobs."""
+    a job trains 2-5 rollout steps under load (measured: 11 steps, 8 jobs) and 11 steps quiet take 2 jobs."""
     path = tiny_study(tmp_path, methods=["stapo"], max_steps=max_steps, learning_rate=0.05, weight_decay=0.1,
                       warmup_steps=0, save_steps=1000, prompts_per_generation=2, prompts_per_step=2,
                       num_generations=4, per_device_train_batch_size=4, max_completion_length=8)
@@ -295,11 +295,14 @@ def test_a_run_longer_than_the_wall_time_limit_continues_over_jobs_to_the_uninte
     """A partition whose real MaxTime (2 min) is shorter than the run: each job gets SIGUSR1 60 s ahead of its limit
     (sbatch --signal; this SLURM sends it up to 30 s earlier), saves a checkpoint at its next rollout boundary, exits
     75 and requeues itself (scontrol requeue, the same job id); Snakemake waits on the pending job, not counting a
-    failure (--retries 0 here); the run ends after >= 3 jobs with the weights of an uninterrupted run on the same 2
+    failure (--retries 0 here); the run ends after >= 2 jobs with the weights of an uninterrupted run on the same 2
     processes, and each job that left kept its log.
 
     Measured 2026-12-07 on 2 cores shared with two other sessions (load 7): 1 submission, 8 jobs, 11 steps, 731 s,
-    max|Δθ| = 0; the test 834 s with its reference run (with 7 steps: 2 jobs, 188 s; so 11)."""
+    max|Δθ| = 0; the test 834 s with its reference run (with 7 steps: 2 jobs, 188 s; so 11). On the same 2 cores
+    quiet (a fresh-clone make test-slurm, nothing else running): 2 jobs, 11 steps, 132 s, max|Δθ| = 0. So the test
+    asserts at least one continuation (a job that left, its kept log, the rerun to equal weights), not the number
+    of jobs a machine's speed makes."""
     import torch
 
     bin_dir, log = recording_bin(tmp_path)
@@ -329,7 +332,7 @@ def test_a_run_longer_than_the_wall_time_limit_continues_over_jobs_to_the_uninte
     delta = max(float((resumed[k].float() - uninterrupted[k].float()).abs().max()) for k in resumed)
     print(f"\ncontinued run: 1 submission, {restarts + 1} jobs (requeued by themselves), "
           f"{len(rows)} steps, {seconds:.0f} s; max|Δθ| vs uninterrupted = {delta:.3g}")
-    assert restarts >= 2, info
+    assert restarts >= 1, info  # how many depends on the machine's speed: 2 jobs quiet, 8 at load 7 (measured)
     logs = tmp_path / "logs" / "train" / "tiny-qwen3"  # each job that left kept its log as stapo.log.<k>
     assert sorted(p.name for p in logs.glob("stapo.log.*")) == [f"stapo.log.{k}" for k in range(1, restarts + 1)]
     for k in range(1, restarts + 1):
