@@ -220,10 +220,6 @@ def _check_spec(spec: str) -> None:
         raise EvalInputError(f"--model: {path} has incomplete files ({'; '.join(cut[:3])}): copy or save it again")
 
 
-def _offline() -> bool:
-    return hub_offline()
-
-
 def _in_hf_cache(repo_id: str) -> bool:
     """Whether the local Hugging Face cache holds ``repo_id``'s config and a weights file (no network)."""
     return in_hf_cache(repo_id)
@@ -260,7 +256,7 @@ def _check_verifier(cfg: EvalConfig) -> None:
         return
     if _in_hf_cache(spec):
         return
-    if _offline():
+    if hub_offline():
         raise EvalInputError(f"eval.verifier.model: {spec} is not in the local Hugging Face cache and the hub is "
                              f"off (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE): {fix}")
     try:
